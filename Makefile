@@ -1,0 +1,34 @@
+# Everything a fresh machine needs: `make test` and `make demo` create .venv and install.
+PYTHON ?= python3
+VENV ?= .venv
+CONSTRAINTS ?= constraints.txt
+PY := $(VENV)/bin/python
+PIP_FLAGS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
+STAMP := $(VENV)/.icl-ssm-installed
+
+.PHONY: test demo install lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml $(CONSTRAINTS) | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(PIP_FLAGS) -e '.[test]'
+	touch $@
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(VENV)/bin/icl-ssm bench scan --quick
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests
+
+bench: $(STAMP)
+	$(VENV)/bin/icl-ssm bench scan
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

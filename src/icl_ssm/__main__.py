@@ -1,0 +1,5 @@
+import sys
+
+from icl_ssm.cli import main
+
+sys.exit(main())

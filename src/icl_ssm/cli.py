@@ -1,0 +1,52 @@
+"""The `icl-ssm` command line: one subcommand per stage of the pipeline.
+
+Each subcommand lives beside the code it drives and exposes ``add_parser(subparsers)``,
+which registers its options and sets ``func`` (called with the parsed namespace, returning
+an exit code). This module only collects them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# module path of each subcommand, in the order of the data flow
+SUBCOMMANDS = {
+    "data": "icl_ssm.data_cli",
+    "bench": "icl_ssm.bench",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="icl-ssm",
+        description="Demonstration selection with state space models distilled from a transformer.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    from icl_ssm import __version__
+
+    parser.add_argument("--version", action="version", version=f"icl-ssm {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in SUBCOMMANDS.values():
+        importlib.import_module(module).add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    args.argv = argv  # saved beside results so that every number names its command
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as err:  # bad input: a message the user can act on, no traceback
+        print(f"icl-ssm {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"icl-ssm {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
