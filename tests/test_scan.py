@@ -116,9 +116,17 @@ def test_power_cache_is_reused_and_matches():
 
 def test_plan_fold_grows_with_work():
     assert S.plan_fold(1, 16, 576, 512) == 1
-    assert S.plan_fold(1, 16384, 576, 512) in (4, 8)
-    assert S.plan_fold(8, 16384, 576, 512) >= S.plan_fold(1, 16384, 576, 512)
-    assert S.plan_fold(64, 10**6, 8, 8) == 64
+    assert S.plan_fold(1, 16384, 576, 512) == 8
+    assert S.plan_fold(8, 16384, 576, 512) > S.plan_fold(1, 16384, 576, 512)
+    assert S.plan_fold(64, 10**6, 8, 8) == 32
+    assert S.plan_chunk(1) == 8 and S.plan_chunk(2048) == 32 and S.plan_chunk(10**6) == 32
+
+
+@pytest.mark.parametrize("T", [1, 7, 100, 1000])
+def test_planned_defaults_equal_reference(T):
+    Abar = system()
+    x, Bbar = data(T=T, G=2)
+    close(S.scan(x, Bbar, Abar), S.scan_reference(x, Bbar, Abar), torch.float64)
 
 
 def test_gradcheck_fast():

@@ -302,15 +302,27 @@ class PowerCache:
 
 
 def plan_fold(batch: int, T: int, H: int, N: int, G: int = 1) -> int:
-    """Fold size ``C1`` that minimises the flops of :func:`scan_fast`'s final-state path.
+    """Fold size ``C1`` for :func:`scan_fast`'s final-state path.
 
-    Folding costs ``2 C1 G N^2 H`` (forming ``W``) and saves the second-level GEMM's
-    ``2 (batch T / C1) G N^2``; the optimum is ``sqrt(batch T / H)``, rounded to a power of
-    two and capped at 64 so that ``W`` stays small. 1 means no folding.
+    Folding costs ``2 C1 G N^2 H`` flops once per call (forming ``W``) and divides the
+    second-level GEMM's ``2 (batch T / C1) G N^2`` by ``C1``; the flop optimum is
+    ``sqrt(batch T / H)``. The second-level GEMM is thinner and runs slower per flop than
+    the first, so the measured optimum (BENCHMARKS.md) sits about 2x higher. Rounded to a
+    power of two, capped at 32 so that ``W`` stays small. 1 means no folding.
     """
-    best = math.sqrt(max(batch * T, 1) / max(H, 1))
+    best = 2 * math.sqrt(max(batch * T, 1) / max(H, 1))
     c1 = 2 ** max(0, round(math.log2(best))) if best >= 1.5 else 1
-    return int(min(c1, 64, T))
+    return int(min(c1, 32, T))
+
+
+def plan_chunk(n: int) -> int:
+    """Second-level chunk ``C2`` for a sequence of ``n`` first-level sums.
+
+    ``sqrt(n)`` balances the GEMM's row count ``n / C2`` against the ``n / C2``
+    sequential steps; clamped to [8, 32] (larger reducers, ``C2 N x N``, cost more memory
+    traffic than they save).
+    """
+    return int(min(32, max(8, 2 ** round(math.log2(max(n, 1)) / 2))))
 
 
 def _chunk_sums(u: Tensor, reducer: Tensor) -> Tensor:
@@ -347,7 +359,7 @@ def scan_fast(
     Bbar: Tensor,
     Abar: Tensor | PowerCache,
     mask: Tensor | None = None,
-    chunk: int = 64,
+    chunk: int | None = None,
     fold: int | None = None,
     return_states: bool = False,
     check_finite: bool = True,
@@ -355,11 +367,13 @@ def scan_fast(
     """GEMM-shaped scan with cached powers; same result as :func:`scan_reference`.
 
     ``Abar`` may be a :class:`PowerCache` (reuse it across calls: the powers are computed
-    once). ``chunk`` is the second-level chunk ``C2`` (and the chunk of the all-states
-    scan); ``fold`` the first-level fold ``C1`` (default: :func:`plan_fold`).
+    once). ``chunk`` is the second-level chunk ``C2`` (default :func:`plan_chunk`) and the
+    chunk of the all-states scan (default 64); ``fold`` the first-level fold ``C1``
+    (default :func:`plan_fold`).
     Returns ``(B, [G,] N)`` or ``(B, T, [G,] N)``.
     """
-    _check_chunk(chunk)
+    if chunk is not None:
+        _check_chunk(chunk)
     cache = Abar if isinstance(Abar, PowerCache) else None
     A_for_check = cache.Abar.to(x.dtype) if cache is not None and isinstance(x, Tensor) else Abar
     inp = _validate(x, Bbar, A_for_check, mask, check_finite)
@@ -369,7 +383,7 @@ def scan_fast(
     if inp.mask is not None:
         x, order = right_align(x, inp.mask)
     if return_states:
-        states = _states_fast(x, inp.Bbar, cache, chunk)  # (B, T, G, N)
+        states = _states_fast(x, inp.Bbar, cache, chunk or 64)  # (B, T, G, N)
         if order is not None:
             states = _unalign_states(states, order, inp.mask)
         return _ungroup(states, inp, 2)
@@ -380,7 +394,7 @@ def scan_fast(
     c1 = min(c1, T)
     if c1 == 1:
         u = _project(x, inp.Bbar)  # (B, T, G, N)
-        return _ungroup(_scan_chunks(u, cache, 1, chunk), inp, 1)
+        return _ungroup(_scan_chunks(u, cache, 1, chunk or plan_chunk(T)), inp, 1)
     # W_j = Abar^(C1-1-j) Bbar, stacked so that one GEMM reduces a chunk of C1 tokens
     P = cache.stack(1, c1, x.dtype, x.device)  # (C1+1, N, N)
     # (C1*N, N) @ (N, G*H) -> W[(j, h), (g, n)] = (Abar^(C1-1-j) Bbar_g)[n, h]
@@ -394,7 +408,7 @@ def scan_fast(
         body = x[:, head:].reshape(B, q, c1 * H)  # a view: rows are contiguous in (T, H)
         pieces.append((body @ W).view(B, q, G, N))
     v = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)  # (B, n, G, N)
-    return _ungroup(_scan_chunks(v, cache, c1, chunk), inp, 1)
+    return _ungroup(_scan_chunks(v, cache, c1, chunk or plan_chunk(v.shape[1])), inp, 1)
 
 
 def _states_fast(x: Tensor, Bg: Tensor, cache: PowerCache, chunk: int) -> Tensor:
@@ -432,11 +446,13 @@ def scan(
     Abar: Tensor | PowerCache,
     mask: Tensor | None = None,
     impl: str = "fast",
-    chunk: int = 64,
+    chunk: int | None = None,
     return_states: bool = False,
     check_finite: bool = True,
 ) -> Tensor:
-    """Dispatch to one of :data:`IMPLS` (see the module docstring for shapes)."""
+    """Dispatch to one of :data:`IMPLS` (see the module docstring for shapes).
+
+    ``chunk`` defaults to the fast scan's plan and to 64 for the paper's scan."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "fast":
@@ -448,7 +464,7 @@ def scan(
                               check_finite=check_finite)
     if return_states:
         raise ValueError("impl='paper' computes final states only; use 'fast' or 'reference'")
-    return scan_paper(x, Bbar, A, mask, chunk=chunk, check_finite=check_finite)
+    return scan_paper(x, Bbar, A, mask, chunk=chunk or 64, check_finite=check_finite)
 
 
 # ---------------------------------------------------------------------------------------
