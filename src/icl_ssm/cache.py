@@ -1,0 +1,252 @@
+"""Every contact with the transformers Cache API (v5) lives here.
+
+A :class:`PrefixCache` is what stands in front of a query: per-layer keys and values
+``(B, H_kv, L, d)`` (post-RoPE, as the teacher's own cache holds them), which of the ``L``
+slots are real, and the position id the query starts at. It is immutable: each forward
+gets a fresh ``DynamicCache`` built from it (``DynamicCache.update`` appends in place), so one
+prefix serves any number of query batches, and every row of a batch may be a different
+demonstration subset.
+
+Three ways to build one, sharing the query path:
+
+* :func:`exact_cache` - the teacher's own K/V of the whole prompt (a dense prefill). Queries
+  answered from it reproduce dense logits: the check that injection is right.
+* :func:`compressed_cache` - exact K/V of the first ``num_sink`` prompt tokens (attention
+  sinks) followed by the compressor's ``num_virtual`` virtual tokens.
+* :func:`window_cache` - the untrained comparator of the same size: the sinks plus the
+  last ``n_window`` prompt tokens, re-encoded on their own (StreamingLLM-style).
+
+Position convention for the query (``SSMCompressorConfig.position``): ``"compressed"``
+starts it at the cache length ``num_sink + num_virtual`` (the paper's code), ``"original"``
+at the uncompressed prompt's length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache, PreTrainedModel
+
+from icl_ssm.compressor import SSMCompressor
+
+
+@dataclass(frozen=True)
+class PrefixCache:
+    """``keys``/``values``: one ``(B, H_kv, L, d)`` tensor per layer; ``mask: (B, L)`` bool;
+    ``next_position: (B,)`` long, the position id of the first token after the prefix;
+    ``prompt_length: (B,)`` long, real tokens in the prompt the prefix stands for."""
+
+    keys: tuple[Tensor, ...]
+    values: tuple[Tensor, ...]
+    mask: Tensor
+    next_position: Tensor
+    prompt_length: Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.mask.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+    def select(self, index: Tensor | list[int]) -> PrefixCache:
+        """Rows ``index`` (repeats allowed): e.g. one row per (subset, query) pair."""
+        index = torch.as_tensor(index, dtype=torch.long, device=self.mask.device)
+        return PrefixCache(
+            keys=tuple(k.index_select(0, index) for k in self.keys),
+            values=tuple(v.index_select(0, index) for v in self.values),
+            mask=self.mask.index_select(0, index),
+            next_position=self.next_position.index_select(0, index),
+            prompt_length=self.prompt_length.index_select(0, index),
+        )
+
+    def repeat_interleave(self, n: int) -> PrefixCache:
+        """Each row ``n`` times in a row: ``(B, ...) -> (B * n, ...)``."""
+        return self.select(torch.arange(self.batch_size).repeat_interleave(n))
+
+    def to_dynamic(self) -> DynamicCache:
+        """A fresh ``DynamicCache`` holding these keys and values."""
+        return DynamicCache(ddp_cache_data=list(zip(self.keys, self.values)))
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+def _check_prompt(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be a non-empty (batch, T) tensor, got shape {tuple(input_ids.shape)}")
+    if attention_mask is None:
+        return torch.ones_like(input_ids, dtype=torch.bool)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask must have input_ids' shape {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}"
+        )
+    mask = attention_mask.bool()
+    lengths = mask.sum(1)
+    if (lengths == 0).any():
+        raise ValueError(f"prompt rows {(lengths == 0).nonzero().flatten().tolist()} are empty (no real tokens)")
+    # right padding: real tokens first. Anything else is ambiguous for the sinks.
+    if not torch.equal(mask, torch.arange(mask.shape[1], device=mask.device)[None] < lengths[:, None]):
+        raise ValueError("prompts must be right-padded (real tokens first, then padding)")
+    return mask
+
+
+def _kv_from_cache(cache: DynamicCache) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    return tuple(layer.keys for layer in cache.layers), tuple(layer.values for layer in cache.layers)
+
+
+def teacher_forward(
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    **kwargs,
+):
+    """Dense forward that keeps its cache; position ids count real tokens only."""
+    mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
+    return model(input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids,
+                 past_key_values=DynamicCache(), use_cache=True, **kwargs)
+
+
+def exact_cache(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | None = None) -> PrefixCache:
+    """The teacher's own K/V of the whole (right-padded) prompt ``input_ids: (B, T)``."""
+    mask = _check_prompt(input_ids, attention_mask)
+    out = teacher_forward(model, input_ids, mask)
+    keys, values = _kv_from_cache(out.past_key_values)
+    lengths = mask.sum(1)
+    return PrefixCache(keys, values, mask, next_position=lengths, prompt_length=lengths)
+
+
+def sink_kv(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | None, num_sink: int):
+    """Exact K/V of the first ``num_sink`` tokens of each prompt (they attend only to each
+    other, so a forward over them alone is exact)."""
+    mask = _check_prompt(input_ids, attention_mask)
+    lengths = mask.sum(1)
+    if (lengths < num_sink).any():
+        short = (lengths < num_sink).nonzero().flatten().tolist()
+        raise ValueError(
+            f"prompt rows {short} have {lengths[short].tolist()} tokens, fewer than num_sink={num_sink}"
+        )
+    if num_sink == 0:
+        return None
+    out = teacher_forward(model, input_ids[:, :num_sink])
+    return _kv_from_cache(out.past_key_values)
+
+
+def compressed_cache(
+    model: PreTrainedModel,
+    compressor: SSMCompressor,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+) -> PrefixCache:
+    """Sinks + virtual tokens for the prompts ``input_ids: (B, T)`` (right-padded).
+
+    Cost: the teacher on ``num_sink`` tokens, one embedding lookup, the SSM scan and the
+    head; no dense prefill.
+    """
+    c = compressor.config
+    mask = _check_prompt(input_ids, attention_mask)
+    sinks = sink_kv(model, input_ids, mask, c.num_sink)
+    embeds = model.get_input_embeddings()(input_ids)  # (B, T, H)
+    virtual = compressor(embeds.to(compressor.dtype), mask)
+    dtype = embeds.dtype
+    keys = [virtual.keys[l].to(dtype) for l in range(c.teacher_num_layers)]
+    values = [virtual.values[l].to(dtype) for l in range(c.teacher_num_layers)]
+    if sinks is not None:
+        keys = [torch.cat([s, v], dim=2) for s, v in zip(sinks[0], keys)]
+        values = [torch.cat([s, v], dim=2) for s, v in zip(sinks[1], values)]
+    B = input_ids.shape[0]
+    lengths = mask.sum(1)
+    slot_mask = torch.ones(B, c.cache_length, dtype=torch.bool, device=input_ids.device)
+    start = torch.full_like(lengths, c.cache_length) if c.position == "compressed" else lengths
+    return PrefixCache(tuple(keys), tuple(values), slot_mask, next_position=start, prompt_length=lengths)
+
+
+def window_cache(
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    num_sink: int,
+    n_window: int,
+    position: str = "compressed",
+) -> PrefixCache:
+    """Sinks + the last ``n_window`` real prompt tokens, encoded on their own.
+
+    Rows shorter than ``num_sink + n_window`` keep their whole prompt (left-padded in the
+    slot mask so that every row has the same cache length).
+    """
+    mask = _check_prompt(input_ids, attention_mask)
+    B, T = input_ids.shape
+    L = num_sink + n_window
+    lengths = mask.sum(1)
+    ids = torch.zeros(B, L, dtype=input_ids.dtype, device=input_ids.device)
+    slot = torch.zeros(B, L, dtype=torch.bool, device=input_ids.device)
+    for b in range(B):
+        n = int(lengths[b])
+        keep = list(range(n)) if n <= L else [*range(num_sink), *range(n - n_window, n)]
+        ids[b, L - len(keep):] = input_ids[b, keep]
+        slot[b, L - len(keep):] = True
+    out = teacher_forward(model, ids, slot)
+    keys, values = _kv_from_cache(out.past_key_values)
+    start = slot.sum(1) if position == "compressed" else lengths
+    return PrefixCache(keys, values, slot, next_position=start, prompt_length=lengths)
+
+
+def query_inputs(prefix: PrefixCache, input_ids: Tensor, attention_mask: Tensor | None = None) -> dict:
+    """Model kwargs to run ``input_ids: (B, q)`` after ``prefix`` (same batch size).
+
+    The query may be left- or right-padded: position ids count its real tokens from
+    ``prefix.next_position``.
+    """
+    if input_ids.shape[0] != prefix.batch_size:
+        raise ValueError(
+            f"query batch ({input_ids.shape[0]}) must equal the prefix batch ({prefix.batch_size}); "
+            "use PrefixCache.select or repeat_interleave"
+        )
+    qmask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    position_ids = prefix.next_position[:, None] + (qmask.long().cumsum(1) - 1).clamp(min=0)
+    full_mask = torch.cat([prefix.mask, qmask], dim=1).long()
+    return {"input_ids": input_ids, "attention_mask": full_mask, "position_ids": position_ids,
+            "past_key_values": prefix.to_dynamic()}
+
+
+def forward_with_prefix(
+    model: PreTrainedModel,
+    prefix: PrefixCache,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    **kwargs,
+):
+    """``model(...)`` on the query ``input_ids: (B, q)`` after ``prefix``; logits ``(B, q, vocab)``."""
+    return model(**query_inputs(prefix, input_ids, attention_mask), use_cache=True, **kwargs)
+
+
+def generate_with_prefix(
+    model: PreTrainedModel,
+    prefix: PrefixCache,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    **generate_kwargs,
+) -> Tensor:
+    """``model.generate`` from ``prefix`` and a left-padded query; returns the new tokens ``(B, n)``.
+
+    ``generate`` takes the whole sequence and skips what the cache holds, so the prefix is
+    stood for by placeholder ids that are never embedded; position ids follow the prefix's
+    convention.
+    """
+    inputs = query_inputs(prefix, input_ids, attention_mask)
+    B, L = prefix.batch_size, prefix.length
+    placeholder = torch.zeros(B, L, dtype=input_ids.dtype, device=input_ids.device)
+    positions = torch.cat([torch.zeros(B, L, dtype=torch.long, device=input_ids.device),
+                           inputs["position_ids"]], dim=1)
+    out = model.generate(
+        input_ids=torch.cat([placeholder, input_ids], dim=1),
+        attention_mask=inputs["attention_mask"],
+        position_ids=positions,
+        past_key_values=inputs["past_key_values"],
+        **generate_kwargs,
+    )
+    return out[:, L + input_ids.shape[1]:]

@@ -1,0 +1,90 @@
+"""The state space layer the compressor reads prompts with: a frozen HiPPO-LegS transition
+and a learned input matrix per group of teacher layers.
+
+``HiPPOSSM(x: (B, T, H), mask: (B, T)) -> (B, G, N)``: the final state of every group.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from icl_ssm import hippo
+from icl_ssm import scan as S
+
+SYSTEMS = ("time_invariant", "scale_invariant")
+
+
+class HiPPOSSM(nn.Module):
+    """G parallel SSMs sharing one frozen transition, ``h_t = Abar h_{t-1} + Bbar_g x_t``.
+
+    * ``system="time_invariant"``: ``Abar`` from :func:`hippo.discretize` with step ``dt``
+      (``method`` bilinear or zoh); the scan is :func:`scan.scan_fast` with powers cached.
+    * ``system="scale_invariant"``: the exact (zoh) LegS scan, :func:`scan.legs_scan`; its
+      state is the Legendre projection of the whole prompt, whatever its length.
+
+    ``Bbar: (G, N, H)`` is initialised so that each state coordinate starts with unit-scale
+    inputs for unit-scale embeddings. ``impl`` selects the scan (``reference`` for checks).
+    """
+
+    def __init__(
+        self,
+        state_size: int,
+        input_size: int,
+        groups: int = 1,
+        system: str = "time_invariant",
+        dt: float = 0.01,
+        method: str = "bilinear",
+        impl: str = "fast",
+    ) -> None:
+        super().__init__()
+        if system not in SYSTEMS:
+            raise ValueError(f"system must be one of {SYSTEMS}, got {system!r}")
+        for name, value in (("state_size", state_size), ("input_size", input_size), ("groups", groups)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.system, self.dt, self.method, self.impl = system, dt, method, impl
+        A, B = hippo.transition("legs", state_size)
+        if system == "time_invariant":
+            hippo.discretize(A[:1, :1], B[:1], dt, method)  # validates dt and method early
+        elif method not in hippo.METHODS:
+            raise ValueError(f"method must be one of {hippo.METHODS}, got {method!r}")
+        # HiPPO's B spread over the embedding directions, plus a small random part
+        gen = torch.Generator().manual_seed(0)
+        rand = torch.randn(groups, state_size, input_size, generator=gen) / math.sqrt(input_size)
+        self.Bbar = nn.Parameter(rand * B.float().abs().clamp_min(1e-3)[:, None].to(rand.device))
+        # the frozen transition is derived from the config, built on first use (on the CPU in
+        # float64, whatever device the module was created on) and never saved
+        self._cache: S.PowerCache | None = None
+
+    @property
+    def groups(self) -> int:
+        return self.Bbar.shape[0]
+
+    @property
+    def state_size(self) -> int:
+        return self.Bbar.shape[1]
+
+    def power_cache(self, device: torch.device) -> S.PowerCache:
+        """Powers of the discrete transition on ``device``, computed once."""
+        if self._cache is None or self._cache.Abar.device != torch.device(device):
+            A, B = hippo.transition("legs", self.state_size)
+            Abar, _ = hippo.discretize(A, B, self.dt, self.method)
+            self._cache = S.PowerCache(Abar.to(device))
+        return self._cache
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """``x: (B, T, H)``, ``mask: (B, T)`` -> final states ``(B, G, N)``."""
+        Bbar = self.Bbar.to(x.dtype)
+        if self.system == "scale_invariant":
+            return S.legs_scan(x, Bbar, mask, impl=self.impl, check_finite=False)
+        cache = self.power_cache(x.device)
+        if self.impl == "fast":
+            return S.scan_fast(x, Bbar, cache, mask, check_finite=False)
+        return S.scan(x, Bbar, cache.Abar.to(x.dtype), mask, impl=self.impl, check_finite=False)
+
+    def extra_repr(self) -> str:
+        return (f"groups={self.groups}, state_size={self.state_size}, system={self.system}, "
+                f"dt={self.dt}, method={self.method}")

@@ -1,0 +1,234 @@
+import json
+
+import pytest
+import torch
+
+from icl_ssm import cache as K
+from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig, load_compressor, parameter_budget
+from icl_ssm.models import tiny_config, tiny_model
+
+ARCHS = [("llama", {}), ("qwen2", {}), ("llama", {"head_dim": 24, "num_key_value_heads": 1})]
+
+
+def small_compressor(model, **overrides):
+    kw = dict(state_size=16, num_groups=2, num_virtual=4, num_sink=2, latent_size=8, dt=0.05)
+    kw.update(overrides)
+    return SSMCompressor(SSMCompressorConfig.for_teacher(model.config, **kw)).eval()
+
+
+def prompts(model, lengths=(20, 13, 7), seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    T = max(lengths)
+    ids = torch.randint(5, model.config.vocab_size, (len(lengths), T), generator=gen)
+    mask = torch.arange(T)[None] < torch.tensor(lengths)[:, None]
+    return ids, mask
+
+
+@pytest.fixture(scope="module", params=ARCHS, ids=lambda a: a[0] + "".join(f"-{k}{v}" for k, v in a[1].items()))
+def model(request):
+    arch, kw = request.param
+    return tiny_model(arch, **kw)
+
+
+def test_exact_cache_reproduces_dense_logits(model):
+    ids, mask = prompts(model)
+    query = torch.randint(5, model.config.vocab_size, (3, 5))
+    logits = K.forward_with_prefix(model, K.exact_cache(model, ids, mask), query).logits
+    for b, L in enumerate(mask.sum(1).tolist()):
+        dense = model(torch.cat([ids[b, :L], query[b]])[None]).logits[0, -5:]
+        torch.testing.assert_close(logits[b], dense, rtol=0, atol=1e-4)
+
+
+def test_exact_cache_with_padded_query(model):
+    ids, mask = prompts(model)
+    query = torch.randint(5, model.config.vocab_size, (3, 6))
+    qmask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [0] * 3 + [1] * 3], dtype=torch.bool)
+    logits = K.forward_with_prefix(model, K.exact_cache(model, ids, mask), query, qmask).logits
+    for b, L in enumerate(mask.sum(1).tolist()):
+        q = query[b][qmask[b]]
+        dense = model(torch.cat([ids[b, :L], q])[None]).logits[0, -len(q):]
+        torch.testing.assert_close(logits[b][qmask[b]], dense, rtol=0, atol=1e-4)
+
+
+def test_compressed_cache_shapes_follow_the_teacher(model):
+    comp = small_compressor(model)
+    ids, mask = prompts(model)
+    pc = K.compressed_cache(model, comp, ids, mask)
+    c = model.config
+    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    assert len(pc.keys) == c.num_hidden_layers
+    for k, v in zip(pc.keys, pc.values):
+        assert k.shape == v.shape == (3, c.num_key_value_heads, 2 + 4, hd)
+    assert pc.next_position.tolist() == [6, 6, 6]
+    assert pc.prompt_length.tolist() == [20, 13, 7]
+    # the sinks are exactly the teacher's K/V of the first tokens
+    exact = K.exact_cache(model, ids, mask)
+    for k_c, k_e in zip(pc.keys, exact.keys):
+        torch.testing.assert_close(k_c[:, :, :2], k_e[:, :, :2])
+
+
+def test_original_position_convention(model):
+    comp = small_compressor(model, position="original")
+    ids, mask = prompts(model)
+    pc = K.compressed_cache(model, comp, ids, mask)
+    assert pc.next_position.tolist() == [20, 13, 7]
+
+
+def test_batch_of_different_subsets_equals_each_alone(model):
+    comp = small_compressor(model)
+    ids, mask = prompts(model, lengths=(9, 17, 12))
+    query = torch.randint(5, model.config.vocab_size, (3, 4))
+    batched = K.forward_with_prefix(model, K.compressed_cache(model, comp, ids, mask), query).logits
+    for b, L in enumerate(mask.sum(1).tolist()):
+        alone = K.compressed_cache(model, comp, ids[b : b + 1, :L])
+        torch.testing.assert_close(
+            K.forward_with_prefix(model, alone, query[b : b + 1]).logits[0], batched[b], rtol=1e-4, atol=1e-5
+        )
+
+
+def test_prefix_rows_can_be_repeated_per_query(model):
+    comp = small_compressor(model)
+    ids, mask = prompts(model)
+    pc = K.compressed_cache(model, comp, ids, mask)
+    rep = pc.repeat_interleave(2)
+    assert rep.batch_size == 6
+    torch.testing.assert_close(rep.keys[0][1], pc.keys[0][0])
+    query = torch.randint(5, model.config.vocab_size, (6, 3))
+    out = K.forward_with_prefix(model, rep, query).logits
+    torch.testing.assert_close(out[2], K.forward_with_prefix(model, pc.select([1]), query[2:3]).logits[0],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_generate_runs_from_compressed_and_matches_dense_from_exact(model):
+    ids, mask = prompts(model)
+    query = torch.randint(5, model.config.vocab_size, (3, 4))
+    comp = small_compressor(model)
+    new = K.generate_with_prefix(model, K.compressed_cache(model, comp, ids, mask), query,
+                                 max_new_tokens=3, do_sample=False)
+    assert new.shape == (3, 3)
+    exact = K.generate_with_prefix(model, K.exact_cache(model, ids, mask), query, max_new_tokens=3, do_sample=False)
+    for b, L in enumerate(mask.sum(1).tolist()):
+        full = torch.cat([ids[b, :L], query[b]])[None]
+        dense = model.generate(full, max_new_tokens=3, do_sample=False)[0, full.shape[1]:]
+        assert torch.equal(exact[b], dense)
+
+
+def test_window_cache_keeps_sinks_and_recent_tokens(model):
+    ids, mask = prompts(model)
+    w = K.window_cache(model, ids, mask, num_sink=2, n_window=4)
+    assert w.length == 6 and w.mask.all()
+    # the window's K/V equal a dense pass over exactly those tokens
+    kept = torch.cat([ids[1, :2], ids[1, 13 - 4 : 13]])[None]
+    torch.testing.assert_close(w.keys[0][1:2], K.exact_cache(model, kept).keys[0])
+    # a prompt shorter than the window keeps everything, padding on the left of the slots
+    short = K.window_cache(model, ids[2:, :7], None, num_sink=2, n_window=10)
+    assert short.mask.sum().item() == 7 and short.next_position.tolist() == [7]
+
+
+def test_save_load_round_trip_gives_identical_virtual_kv(tmp_path, model):
+    comp = small_compressor(model)
+    with torch.no_grad():
+        for p in comp.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    comp.save_pretrained(tmp_path)
+    loaded = load_compressor(tmp_path, model.config)
+    ids, mask = prompts(model)
+    embeds = model.get_input_embeddings()(ids)
+    a, b = comp(embeds, mask), loaded(embeds, mask)
+    assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "icl_ssm_compressor"
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ({"num_hidden_layers": 3}, "num_hidden_layers: compressor has 2, model has 3"),
+        ({"num_key_value_heads": 4}, "num_key_value_heads"),
+        ({"head_dim": 4}, "head_dim: compressor has 8, model has 4"),
+        ({"vocab_size": 77}, "vocab_size"),
+    ],
+)
+def test_compressor_for_another_teacher_is_refused(tmp_path, override, field):
+    teacher = tiny_config("llama")
+    comp = SSMCompressor(SSMCompressorConfig.for_teacher(teacher, state_size=8, num_groups=1,
+                                                         num_virtual=2, latent_size=4))
+    comp.save_pretrained(tmp_path)
+    other = tiny_config("llama", **override)
+    with pytest.raises(ValueError, match=field):
+        load_compressor(tmp_path, other)
+
+
+def test_truncated_checkpoint_is_a_clear_error(tmp_path):
+    comp = SSMCompressor(SSMCompressorConfig.for_teacher(tiny_config("llama"), state_size=8, num_groups=1,
+                                                         num_virtual=2, latent_size=4))
+    comp.save_pretrained(tmp_path)
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with pytest.raises(ValueError, match="model.safetensors.*could not be read"):
+        load_compressor(tmp_path)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_compressor(tmp_path / "nope")
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(ValueError, match="has no config.json"):
+        load_compressor(tmp_path)
+
+
+def test_control_ignores_the_prompt(model):
+    comp = small_compressor(model, control=True)
+    with torch.no_grad():
+        comp.constant.normal_()
+    ids, mask = prompts(model)
+    embeds = model.get_input_embeddings()(ids)
+    out = comp(embeds, mask)
+    torch.testing.assert_close(out.keys[:, 0], out.keys[:, 1])
+    ssm = small_compressor(model)
+    out = ssm(embeds, mask)
+    assert not torch.allclose(out.keys[:, 0], out.keys[:, 1])
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m, c: K.compressed_cache(m, c, torch.zeros(1, 0, dtype=torch.long)), "non-empty"),
+        (lambda m, c: K.compressed_cache(m, c, torch.ones(2, 1, dtype=torch.long)),
+         r"rows \[0, 1\] have \[1, 1\] tokens, fewer than num_sink=2"),
+        (lambda m, c: K.compressed_cache(m, c, torch.ones(1, 4, dtype=torch.long),
+                                         torch.tensor([[0, 1, 1, 1]])), "right-padded"),
+        (lambda m, c: K.compressed_cache(m, c, torch.ones(1, 4, dtype=torch.long), torch.zeros(1, 4)), "empty"),
+        (lambda m, c: c(torch.zeros(1, 3, 5)), "inputs_embeds must be"),
+        (lambda m, c: K.forward_with_prefix(m, K.exact_cache(m, torch.ones(2, 3, dtype=torch.long)),
+                                            torch.ones(3, 1, dtype=torch.long)), "must equal the prefix batch"),
+    ],
+)
+def test_bad_input(call, message):
+    m = tiny_model("llama")
+    with pytest.raises(ValueError, match=message):
+        call(m, small_compressor(m))
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"num_groups": 5}, "exceeds the teacher's 2 layers"),
+        ({"system": "lti"}, "system must be one of"),
+        ({"position": "end"}, "position must be one of"),
+        ({"dt": -1.0}, "dt must be a finite number > 0"),
+        ({"num_virtual": 0}, "num_virtual must be a positive integer"),
+    ],
+)
+def test_bad_config(kw, message):
+    with pytest.raises(ValueError, match=message):
+        SSMCompressorConfig.for_teacher(tiny_config("llama"), **{"num_groups": 2, **kw})
+
+
+def test_parameter_budget_of_the_paper_scale_teachers():
+    from transformers import LlamaConfig, Qwen2Config
+
+    smol = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                       num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)
+    qwen = Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                       num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)
+    smol_budget = parameter_budget(smol, 134_515_008)
+    qwen_budget = parameter_budget(qwen, 1_543_714_304)
+    assert smol_budget["param_fraction"] <= 0.10
+    assert qwen_budget["param_fraction"] <= 0.05
