@@ -1,0 +1,96 @@
+"""What a call costs: FLOPs (``torch.utils.flop_counter.FlopCounterMode``), wall seconds,
+and peak memory (``torch.cuda.max_memory_allocated`` on a GPU; on the CPU the peak resident
+set of a fresh subprocess, since a long-lived process's RSS high-water mark never comes down).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import resource
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+
+@dataclass
+class Cost:
+    flops: int = 0
+    seconds: float = 0.0
+    peak_bytes: int | None = None  # GPU only; see peak_rss for the CPU
+
+    def __add__(self, other: Cost) -> Cost:
+        peaks = [p for p in (self.peak_bytes, other.peak_bytes) if p is not None]
+        return Cost(self.flops + other.flops, self.seconds + other.seconds, max(peaks) if peaks else None)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@contextmanager
+def measure(device: torch.device | str | None = None, count_flops: bool = True) -> Iterator[Cost]:
+    """``with measure() as cost: ...`` fills ``cost`` when the block ends.
+
+    FLOPs count matrix multiplications and attention as ``FlopCounterMode`` does (2 per
+    multiply-add); elementwise work is not counted.
+    """
+    cost = Cost()
+    cuda = device is not None and torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    counter = FlopCounterMode(display=False) if count_flops else None
+    t0 = time.perf_counter()
+    try:
+        if counter is not None:
+            with counter:
+                yield cost
+        else:
+            yield cost
+    finally:
+        if cuda:
+            torch.cuda.synchronize(device)
+            cost.peak_bytes = torch.cuda.max_memory_allocated(device)
+        cost.seconds = time.perf_counter() - t0
+        cost.flops = counter.get_total_flops() if counter is not None else 0
+
+
+def _child(fn: Callable, args: tuple, queue) -> None:
+    try:
+        fn(*args)
+        queue.put(("ok", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+    except BaseException as err:  # reported to the parent, which raises
+        queue.put(("error", f"{type(err).__name__}: {err}"))
+
+
+def _idle() -> None:
+    return None
+
+
+def peak_rss(fn: Callable, *args, baseline: bool = True) -> dict:
+    """Peak RSS in bytes of ``fn(*args)`` run in a fresh (spawned) process.
+
+    ``fn`` and ``args`` must be picklable (a module-level function). With ``baseline``, the
+    peak of a process that only imports torch is subtracted as well and reported beside it.
+    """
+    ctx = mp.get_context("spawn")
+
+    def run(target, target_args) -> int:
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_child, args=(target, target_args, queue))
+        proc.start()
+        status, value = queue.get()
+        proc.join()
+        if status != "ok":
+            raise RuntimeError(f"peak_rss child failed: {value}")
+        return value
+
+    peak = run(fn, args)
+    out = {"peak_rss_bytes": peak}
+    if baseline:
+        base = run(_idle, ())
+        out.update(baseline_rss_bytes=base, delta_rss_bytes=peak - base)
+    return out

