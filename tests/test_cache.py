@@ -218,7 +218,7 @@ def test_bad_input(call, message):
 )
 def test_bad_config(kw, message):
     with pytest.raises(ValueError, match=message):
-        SSMCompressorConfig.for_teacher(tiny_config("llama"), **{"num_groups": 2, **kw})
+        SSMCompressorConfig.for_teacher(tiny_config("llama"), **kw)
 
 
 def test_parameter_budget_of_the_paper_scale_teachers():

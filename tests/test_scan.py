@@ -255,3 +255,40 @@ def test_failed_call_leaves_cache_usable():
     with pytest.raises(ValueError):
         S.scan_fast(x, Bbar, cache, chunk=C, mask=torch.ones(1, 1, dtype=torch.bool))
     torch.testing.assert_close(S.scan_fast(x, Bbar, cache, chunk=C), before, rtol=0, atol=0)
+
+
+def test_folded_weights_are_cached_only_without_gradients():
+    Abar = system()
+    cache = S.PowerCache(Abar)
+    x, Bbar = data(T=40)
+    with torch.no_grad():
+        W1 = cache.folded(Bbar, 4)
+        assert cache.folded(Bbar, 4) is W1  # same tensor, unmodified: reused
+        Bbar.mul_(2)  # in-place change bumps the version: recomputed
+        W2 = cache.folded(Bbar, 4)
+        assert W2 is not W1
+        torch.testing.assert_close(W2, 2 * W1)
+        assert cache.folded(Bbar.clone(), 4) is not W2  # another tensor: recomputed
+    p = Bbar.clone().requires_grad_(True)
+    assert cache.folded(p, 4) is not cache.folded(p, 4)  # training: always fresh, differentiable
+    assert cache.folded(p, 4).requires_grad
+
+
+@pytest.mark.parametrize("impl", S.IMPLS)
+def test_nan_in_padding_is_ignored_but_nan_in_tokens_is_an_error(impl):
+    Abar = system()
+    x, mask, alone = padded_batch([3, 2 * C], "right")
+    _, Bbar = data()
+    x[~mask] = float("nan")
+    out = S.scan(x, Bbar, Abar, mask=mask, impl=impl, chunk=C)
+    close(out[:1], S.scan_reference(alone[0], Bbar, Abar), torch.float64)
+    x[0, 1, 0] = float("inf")
+    with pytest.raises(ValueError, match="x has 1 non-finite values"):
+        S.scan(x, Bbar, Abar, mask=mask, impl=impl, chunk=C)
+
+
+def test_overflow_is_reported():
+    Abar = system(dtype=torch.float32)
+    x, Bbar = data(T=3 * C, dtype=torch.float32)
+    with pytest.raises(ValueError, match="overflowed"):
+        S.scan(x * 1e30, Bbar * 1e30, Abar)

@@ -14,6 +14,7 @@ import sys
 # module path of each subcommand, in the order of the data flow
 SUBCOMMANDS = {
     "data": "icl_ssm.data_cli",
+    "compress": "icl_ssm.compress_cli",
     "bench": "icl_ssm.bench",
 }
 

@@ -90,7 +90,9 @@ class SSMCompressorConfig(PreTrainedConfig):
     @classmethod
     def for_teacher(cls, teacher_config: PreTrainedConfig, name: str = "", num_parameters: int = 0,
                     **overrides) -> SSMCompressorConfig:
-        """A config whose teacher fields are read from ``teacher_config``."""
+        """A config whose teacher fields are read from ``teacher_config``; the default
+        ``num_groups`` (4) is capped at the teacher's layer count."""
+        overrides.setdefault("num_groups", min(4, teacher_config.num_hidden_layers))
         return cls(
             teacher_name=name or getattr(teacher_config, "_name_or_path", "") or "",
             teacher_num_layers=teacher_config.num_hidden_layers,

@@ -58,10 +58,23 @@ def measure(device: torch.device | str | None = None, count_flops: bool = True) 
         cost.flops = counter.get_total_flops() if counter is not None else 0
 
 
+def _peak_rss_self() -> int:
+    """This process's peak RSS in bytes. ``VmHWM`` belongs to the address space, which exec
+    replaces; ``ru_maxrss`` survives exec on Linux and would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _child(fn: Callable, args: tuple, queue) -> None:
     try:
         fn(*args)
-        queue.put(("ok", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+        queue.put(("ok", _peak_rss_self()))
     except BaseException as err:  # reported to the parent, which raises
         queue.put(("error", f"{type(err).__name__}: {err}"))
 

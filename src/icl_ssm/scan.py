@@ -31,6 +31,7 @@ The scale-invariant LegS scan (:func:`legs_scan`) lives at the end of the module
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -53,6 +54,7 @@ class _Inputs:
     Bbar: Tensor  # (G, N, H)
     mask: Tensor | None  # (B, T) bool
     grouped: bool  # whether the caller passed (G, N, H)
+    check_finite: bool = True
 
     @property
     def N(self) -> int:
@@ -110,15 +112,27 @@ def _validate(
                 raise ValueError(f"mask must be bool or 0/1 integers, got dtype {mask.dtype}")
             mask = mask.bool()
         mask = mask.to(x.device)
-    if check_finite:
-        for name, t in (("x", x), ("Bbar", Bbar), ("Abar", Abar)):
+    if check_finite:  # the parameters are small; x is checked through the result (see _finish)
+        for name, t in (("Bbar", Bbar), ("Abar", Abar)):
             if t is not None and not torch.isfinite(t).all():
                 bad = (~torch.isfinite(t)).sum().item()
                 raise ValueError(f"{name} has {bad} non-finite values (nan or inf); inputs must be finite")
-    return _Inputs(x=x, Bbar=Bg, mask=mask, grouped=grouped)
+    return _Inputs(x=x, Bbar=Bg, mask=mask, grouped=grouped, check_finite=check_finite)
 
 
-def _ungroup(out: Tensor, inp: _Inputs, group_dim: int) -> Tensor:
+def _finish(out: Tensor, inp: _Inputs, group_dim: int) -> Tensor:
+    """Check the result instead of the (much larger) input: a nan or inf in a real token of
+    ``x`` reaches the state, so a finite result proves finite inputs at no cost. Only on
+    failure are the inputs searched, to name the culprit."""
+    if inp.check_finite and not torch.isfinite(out).all():
+        bad = ~torch.isfinite(inp.x)
+        if inp.mask is not None:
+            bad &= inp.mask[..., None]
+        if bad.any():
+            raise ValueError(
+                f"x has {int(bad.sum())} non-finite values (nan or inf) in real tokens; inputs must be finite"
+            )
+        raise ValueError("the scan overflowed to nan/inf from finite inputs; scale x down or use float64")
     return out if inp.grouped else out.squeeze(group_dim)
 
 
@@ -132,7 +146,7 @@ def right_align(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     order = torch.argsort(mask.to(torch.int8), dim=1, stable=True)  # padding first, then tokens
     index = order.reshape(*order.shape, *([1] * (x.ndim - 2))).expand_as(x)
     keep = torch.gather(mask, 1, order).reshape(*order.shape, *([1] * (x.ndim - 2)))
-    return torch.gather(x, 1, index) * keep, order
+    return torch.where(keep, torch.gather(x, 1, index), 0), order
 
 
 def _unalign_states(states: Tensor, order: Tensor, mask: Tensor) -> Tensor:
@@ -173,8 +187,8 @@ def scan_reference(
         if return_states:
             states.append(h if mask is None else h * inp.mask[:, t, None, None])
     if return_states:
-        return _ungroup(torch.stack(states, dim=1), inp, 2)
-    return _ungroup(h, inp, 1)
+        return _finish(torch.stack(states, dim=1), inp, 2)
+    return _finish(h, inp, 1)
 
 
 def _project(x: Tensor, Bg: Tensor) -> Tensor:
@@ -220,7 +234,7 @@ def scan_paper(
         stacked = torch.stack(powers[chunk - 1 :: -1])  # (C, N, N): A^(C-1-t) for t < C
         uc = u[:, c * chunk : (c + 1) * chunk]  # (B, C, G, N)
         s = s @ powers[chunk].T + torch.einsum("tnm,btgm->bgn", stacked, uc)
-    return _ungroup(s, inp, 1)
+    return _finish(s, inp, 1)
 
 
 def _check_chunk(chunk: int) -> None:
@@ -245,6 +259,7 @@ class PowerCache:
     Abar: Tensor
     _master: dict = field(default_factory=dict, repr=False)
     _cast: dict = field(default_factory=dict, repr=False)
+    _folded: tuple | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         A = self.Abar
@@ -292,6 +307,29 @@ class PowerCache:
             self._cast[key] = powers[:C].flip(0).transpose(1, 2).reshape(C * self.N, self.N)
         return self._cast[key]
 
+    def folded(self, Bbar: Tensor, c1: int) -> Tensor:
+        """``W: (C1 * H, G * N)`` with ``W[(j, h), (g, n)] = (Abar^(C1-1-j) Bbar_g)[n, h]``.
+
+        One GEMM with it reduces a chunk of ``C1`` embeddings straight to its state
+        contribution. ``W`` depends only on frozen powers and on ``Bbar: (G, N, H)`` (or
+        ``(N, H)``); it is
+        kept for the most recent ``Bbar`` (the same tensor object, unmodified since) when no
+        gradient flows to it, as in selection, where one compressor scores many subsets.
+        """
+        key = (c1, Bbar.dtype, Bbar.device, Bbar._version)
+        cacheable = not (torch.is_grad_enabled() and Bbar.requires_grad)
+        hit = self._folded
+        if cacheable and hit is not None and hit[0] == key and hit[1]() is Bbar:
+            return hit[2]
+        Bg = Bbar if Bbar.ndim == 3 else Bbar[None]
+        G, N, H = Bg.shape
+        P = self.stack(1, c1, Bbar.dtype, Bbar.device)  # (C1+1, N, N)
+        # (C1*N, N) @ (N, G*H), then reorder to rows (j, h) and columns (g, n)
+        PB = P[:c1].flip(0).reshape(c1 * N, N) @ Bg.permute(1, 0, 2).reshape(N, G * H)
+        W = PB.view(c1, N, G, H).permute(0, 3, 2, 1).reshape(c1 * H, G * N)
+        self._folded = (key, weakref.ref(Bbar), W) if cacheable else None
+        return W
+
     def lifter(self, C: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         """``(N, C * N)`` matrix with column block j equal to ``(Abar^(j+1))^T``."""
         key = ("lifter", C, dtype, torch.device(device))
@@ -307,11 +345,11 @@ def plan_fold(batch: int, T: int, H: int, N: int, G: int = 1) -> int:
     Folding costs ``2 C1 G N^2 H`` flops once per call (forming ``W``) and divides the
     second-level GEMM's ``2 (batch T / C1) G N^2`` by ``C1``; the flop optimum is
     ``sqrt(batch T / H)``. The second-level GEMM is thinner and runs slower per flop than
-    the first, so the measured optimum (BENCHMARKS.md) sits about 2x higher. Rounded to a
-    power of two, capped at 32 so that ``W`` stays small. 1 means no folding.
+    the first, so the measured optimum (BENCHMARKS.md) sits about 1.4x higher. Rounded to a
+    power of two, capped at 32 so that ``W`` stays small. 1 means no folding (short prompts).
     """
-    best = 2 * math.sqrt(max(batch * T, 1) / max(H, 1))
-    c1 = 2 ** max(0, round(math.log2(best))) if best >= 1.5 else 1
+    best = math.sqrt(2 * max(batch * T, 1) / max(H, 1))
+    c1 = 2 ** round(math.log2(best)) if best >= 3 else 1  # folding by 2 never pays for W
     return int(min(c1, 32, T))
 
 
@@ -386,7 +424,7 @@ def scan_fast(
         states = _states_fast(x, inp.Bbar, cache, chunk or 64)  # (B, T, G, N)
         if order is not None:
             states = _unalign_states(states, order, inp.mask)
-        return _ungroup(states, inp, 2)
+        return _finish(states, inp, 2)
     B, T, H = x.shape
     G, N = inp.G, inp.N
     c1 = plan_fold(B, T, H, N, G) if fold is None else fold
@@ -394,12 +432,8 @@ def scan_fast(
     c1 = min(c1, T)
     if c1 == 1:
         u = _project(x, inp.Bbar)  # (B, T, G, N)
-        return _ungroup(_scan_chunks(u, cache, 1, chunk or plan_chunk(T)), inp, 1)
-    # W_j = Abar^(C1-1-j) Bbar, stacked so that one GEMM reduces a chunk of C1 tokens
-    P = cache.stack(1, c1, x.dtype, x.device)  # (C1+1, N, N)
-    # (C1*N, N) @ (N, G*H) -> W[(j, h), (g, n)] = (Abar^(C1-1-j) Bbar_g)[n, h]
-    PB = P[:c1].flip(0).reshape(c1 * N, N) @ inp.Bbar.permute(1, 0, 2).reshape(N, G * H)
-    W = PB.view(c1, N, G, H).permute(0, 3, 2, 1).reshape(c1 * H, G * N)
+        return _finish(_scan_chunks(u, cache, 1, chunk or plan_chunk(T)), inp, 1)
+    W = cache.folded(Bbar, c1)  # (C1*H, G*N)
     head, q = T % c1, T // c1
     pieces = []
     if head:  # the first T mod C1 tokens: their state after `head` steps
@@ -408,7 +442,7 @@ def scan_fast(
         body = x[:, head:].reshape(B, q, c1 * H)  # a view: rows are contiguous in (T, H)
         pieces.append((body @ W).view(B, q, G, N))
     v = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)  # (B, n, G, N)
-    return _ungroup(_scan_chunks(v, cache, c1, chunk or plan_chunk(v.shape[1])), inp, 1)
+    return _finish(_scan_chunks(v, cache, c1, chunk or plan_chunk(v.shape[1])), inp, 1)
 
 
 def _states_fast(x: Tensor, Bg: Tensor, cache: PowerCache, chunk: int) -> Tensor:
@@ -480,7 +514,7 @@ def left_align(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
     index = order.reshape(*order.shape, *([1] * (x.ndim - 2))).expand_as(x)
     keep = torch.gather(mask, 1, order).reshape(*order.shape, *([1] * (x.ndim - 2)))
-    return torch.gather(x, 1, index) * keep, order, mask.sum(dim=1)
+    return torch.where(keep, torch.gather(x, 1, index), 0), order, mask.sum(dim=1)
 
 
 def legs_scan_reference(
@@ -516,8 +550,8 @@ def legs_scan_reference(
         if return_states:
             states.append(h * real[:, None, None])
     if return_states:
-        return _ungroup(torch.stack(states, dim=1), inp, 2)
-    return _ungroup(h, inp, 1)
+        return _finish(torch.stack(states, dim=1), inp, 2)
+    return _finish(h, inp, 1)
 
 
 def legs_kernel(L: int, N: int, start: int, stop: int) -> Tensor:
@@ -577,7 +611,7 @@ def legs_scan_fast(
             Yc = Y[rows, start:stop]  # (b, C, G, J)
             acc = acc + torch.einsum("bcgj,cjn->bgjn", Yc, K)
         out[rows] = torch.einsum("bgjn,j->bgn", acc, w.to(device=x.device, dtype=x.dtype))
-    return _ungroup(out, inp, 1)
+    return _finish(out, inp, 1)
 
 
 def legs_scan(
