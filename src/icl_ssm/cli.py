@@ -15,6 +15,8 @@ import sys
 SUBCOMMANDS = {
     "data": "icl_ssm.data_cli",
     "compress": "icl_ssm.compress_cli",
+    "fidelity": "icl_ssm.fidelity",
+    "distill": "icl_ssm.distill_cli",
     "bench": "icl_ssm.bench",
 }
 

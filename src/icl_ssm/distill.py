@@ -1,0 +1,383 @@
+"""Two-stage distillation of an SSM compressor from a frozen teacher (the paper's Algorithm 1),
+plus a ranking term aimed at what selection needs.
+
+* Stage 1, KV alignment: ``mean over layers, heads, virtual tokens of
+  (1 - cos(K~, Pool(K))) + (1 - cos(V~, Pool(V)))``, over the teacher's pooled K/V.
+* Stage 2, output distillation: ``lambda_kl * T^2 KL(P_dense || P_compressed)`` at the answer
+  position (temperature T, over the teacher's top-K tokens plus one bucket for the rest of
+  the vocabulary), ``+ lambda_hidden * mean_l (1 - cos(psi_dense^l, psi_compressed^l))`` over
+  every layer's hidden state at the answer position, ``+ lambda_rank * rank`` where ``rank``
+  compares how the gold answer's loss *varies across the subsets of a group* on the same
+  queries: ``mean_q mean_s ((L_c[s,q] - mean_s L_c[., q]) - (L_d[s,q] - mean_s L_d[., q]))^2``.
+  The paper's objective has no such term; a compressor can have a small KL and still not
+  rank subsets, and ranking is all selection uses.
+
+Only the compressor trains. Training is data-parallel through ``accelerate`` (each process
+takes whole groups and gradients are averaged across processes; the loss is a mean over the
+step's groups, so N processes equal one process that takes all of them); checkpoints are written atomically and ``resume`` continues
+bit-for-bit in one process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from icl_ssm import cache as K
+from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
+from icl_ssm.teacher import TeacherCache, pad
+
+COMPRESSOR_FIELDS = ("state_size", "num_groups", "num_virtual", "num_sink", "latent_size", "system", "dt",
+                     "method", "control", "position")
+
+
+@dataclass
+class DistillConfig:
+    """One distillation run. Every weight of the objective is a field."""
+
+    model: str = "smollm2-135m"
+    tasks: tuple[str, ...] = ("rotten_tomatoes",)
+    k: int = 20
+    samples: int = 256  # training episodes (demonstration subsets)
+    queries: int = 8  # per episode, shared by the subsets of a group
+    group_size: int = 4  # subsets that share their queries
+    seed: int = 0
+    # compressor
+    state_size: int = 256
+    num_groups: int = 0  # 0: 4, capped at the teacher's layer count
+    num_virtual: int = 16
+    num_sink: int = 4
+    latent_size: int = 128
+    system: str = "time_invariant"
+    dt: float = 0.002
+    method: str = "bilinear"
+    control: bool = False
+    position: str = "compressed"
+    # stage 1 (the paper's code: lr 3e-4, 2 epochs)
+    stage1_epochs: float = 2.0
+    stage1_lr: float = 3e-4
+    # stage 2 (the paper's code: lr 5e-5, 1 epoch, KL at temperature 2 scaled by T^2)
+    stage2_epochs: float = 1.0
+    stage2_lr: float = 5e-5
+    temperature: float = 2.0
+    lambda_kl: float = 1.0
+    lambda_hidden: float = 1.0
+    lambda_rank: float = 0.0
+    topk: int = 64
+    groups_per_step: int = 1
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    checkpoint_every: int = 50
+    chat: bool = False
+
+    def __post_init__(self):
+        self.tasks = tuple(self.tasks)
+        for name in ("k", "samples", "queries", "group_size", "groups_per_step", "checkpoint_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("stage1_epochs", "stage2_epochs", "lambda_kl", "lambda_hidden", "lambda_rank"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.stage1_epochs == 0 and self.stage2_epochs == 0:
+            raise ValueError("stage1_epochs and stage2_epochs are both 0: nothing to train")
+
+    def compressor_overrides(self) -> dict:
+        out = {name: getattr(self, name) for name in COMPRESSOR_FIELDS}
+        if not out["num_groups"]:
+            del out["num_groups"]
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DistillConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# ---------------------------------------------------------------------------------------
+# losses
+# ---------------------------------------------------------------------------------------
+
+
+def kv_alignment_loss(keys: Tensor, values: Tensor, pool_k: Tensor, pool_v: Tensor) -> Tensor:
+    """Stage 1. ``keys``/``values: (m, B, H_kv, n_v, d)``; targets ``(B, m, H_kv, n_v, d)``."""
+    tk, tv = pool_k.transpose(0, 1).to(keys.dtype), pool_v.transpose(0, 1).to(values.dtype)
+    return (1 - F.cosine_similarity(keys, tk, dim=-1)).mean() + (1 - F.cosine_similarity(values, tv, dim=-1)).mean()
+
+
+def bucket_kl(student_logp: Tensor, top_idx: Tensor, top_logp: Tensor, temperature: float) -> Tensor:
+    """``T^2 KL(P_teacher || P_student)`` over the teacher's top-K tokens plus one bucket for
+    the rest, each distribution tempered by ``T`` on those K + 1 buckets.
+
+    ``student_logp: (n, V)`` log-softmax; ``top_idx``/``top_logp: (n, K)``. Returns ``(n,)``.
+    """
+    def buckets(top: Tensor) -> Tensor:
+        rest = torch.log1p(-top.exp().sum(-1).clamp(max=1 - 1e-6))
+        return torch.log_softmax(torch.cat([top, rest[:, None]], dim=-1) / temperature, dim=-1)
+
+    t = buckets(top_logp.float())
+    s = buckets(student_logp.gather(1, top_idx.long()))
+    return temperature**2 * (t.exp() * (t - s)).sum(-1)
+
+
+def hidden_loss(student: Tensor, teacher: Tensor) -> Tensor:
+    """``mean_l (1 - cos)`` over layers: ``(n, m, H)`` each -> ``(n,)``."""
+    return (1 - F.cosine_similarity(student, teacher.to(student.dtype), dim=-1)).mean(-1)
+
+
+def rank_loss(student_nll: Tensor, teacher_nll: Tensor) -> Tensor:
+    """Match how losses vary across the subsets of a group: ``(S, Q)`` each -> scalar."""
+    ds = student_nll - student_nll.mean(0, keepdim=True)
+    dt = teacher_nll - teacher_nll.mean(0, keepdim=True)
+    return (ds - dt).pow(2).mean()
+
+
+# ---------------------------------------------------------------------------------------
+# one step
+# ---------------------------------------------------------------------------------------
+
+
+def group_losses(model, compressor: SSMCompressor, episodes: list[dict], cfg: DistillConfig, stage: int) -> dict:
+    """Losses of one group of episodes (same queries). Returns scalar tensors."""
+    prompt_ids, prompt_mask = pad([e["prompt_ids"] for e in episodes])
+    if stage == 1:
+        with torch.no_grad():
+            embeds = model.get_input_embeddings()(prompt_ids)
+        virtual = compressor(embeds, prompt_mask)
+        pool_k = torch.stack([e["pool_k"] for e in episodes])
+        pool_v = torch.stack([e["pool_v"] for e in episodes])
+        loss = kv_alignment_loss(virtual.keys, virtual.values, pool_k, pool_v)
+        return {"loss": loss, "kv": loss.detach()}
+    S, Q = len(episodes), len(episodes[0]["query_ids"])
+    prefix = K.compressed_cache(model, compressor, prompt_ids, prompt_mask).repeat_interleave(Q)
+    queries = [q for e in episodes for q in e["query_ids"]]
+    q_ids, q_mask = pad(queries, side="left")
+    out = K.forward_with_prefix(model, prefix, q_ids, q_mask, output_hidden_states=True, logits_to_keep=1)
+    logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # (S*Q, V)
+    hidden = torch.stack([h[:, -1] for h in out.hidden_states[1:]], dim=1)  # (S*Q, m, H)
+    cat = {name: torch.cat([e[name] for e in episodes]) for name in ("top_idx", "top_logp", "gold_token", "gold_logp")}
+    cat["hidden"] = torch.cat([e["hidden"] for e in episodes])
+    kl = bucket_kl(logp, cat["top_idx"], cat["top_logp"], cfg.temperature).mean()
+    hid = hidden_loss(hidden, cat["hidden"]).mean()
+    student_nll = -logp.gather(1, cat["gold_token"][:, None].long())[:, 0].view(S, Q)
+    teacher_nll = -cat["gold_logp"].view(S, Q)
+    rank = rank_loss(student_nll, teacher_nll) if S > 1 else logp.new_zeros(())
+    loss = cfg.lambda_kl * kl + cfg.lambda_hidden * hid + cfg.lambda_rank * rank
+    return {"loss": loss, "kl": kl.detach(), "hidden": hid.detach(), "rank": rank.detach()}
+
+
+# ---------------------------------------------------------------------------------------
+# the loop
+# ---------------------------------------------------------------------------------------
+
+
+class TrainingDiverged(RuntimeError):
+    pass
+
+
+@dataclass
+class Schedule:
+    """Deterministic order of groups: stage, epoch and position are functions of the step."""
+
+    groups: list[list[int]]  # episode indices per group
+    cfg: DistillConfig
+    steps: list[tuple[int, list[int]]] = field(default_factory=list)  # (stage, group ids)
+
+    def __post_init__(self):
+        rng_seed = self.cfg.seed
+        for stage, epochs in ((1, self.cfg.stage1_epochs), (2, self.cfg.stage2_epochs)):
+            n = int(round(epochs * len(self.groups)))
+            order: list[int] = []
+            epoch = 0
+            while len(order) < n:
+                perm = np.random.default_rng([rng_seed, stage, epoch]).permutation(len(self.groups))
+                order.extend(perm.tolist())
+                epoch += 1
+            order = order[:n]
+            g = self.cfg.groups_per_step
+            for i in range(0, len(order) - g + 1, g):
+                self.steps.append((stage, order[i : i + g]))
+
+    def stage_bounds(self, stage: int) -> tuple[int, int]:
+        idx = [i for i, (s, _) in enumerate(self.steps) if s == stage]
+        return (idx[0], idx[-1] + 1) if idx else (0, 0)
+
+
+def _lr_factor(step: int, start: int, end: int, warmup_ratio: float) -> float:
+    """Linear warmup then cosine decay to 0 within [start, end)."""
+    n = max(end - start, 1)
+    t = step - start
+    warm = max(1, int(warmup_ratio * n))
+    if t < warm:
+        return (t + 1) / warm
+    return 0.5 * (1 + math.cos(math.pi * (t - warm) / max(n - warm, 1)))
+
+
+def _atomic_dir_write(target: Path, write: Callable[[Path], None]) -> None:
+    tmp = target.with_name(target.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    old = target.with_name(target.name + ".old")
+    if target.exists():
+        os.replace(target, old)
+    os.replace(tmp, target)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def save_checkpoint(directory: Path, compressor, optimizer, step: int, history: list[dict]) -> None:
+    def write(tmp: Path) -> None:
+        compressor.save_pretrained(tmp)
+        torch.save({"optimizer": optimizer.state_dict(), "step": step, "history": history,
+                    "torch_rng": torch.get_rng_state()}, tmp / "trainer_state.pt")
+
+    _atomic_dir_write(directory / "checkpoint", write)
+
+
+def load_checkpoint(directory: Path, compressor, optimizer) -> tuple[int, list[dict]]:
+    ckpt = directory / "checkpoint"
+    try:
+        from safetensors.torch import load_file
+
+        compressor.load_state_dict(load_file(str(ckpt / "model.safetensors")))
+        trainer = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        optimizer.load_state_dict(trainer["optimizer"])
+        torch.set_rng_state(trainer["torch_rng"])
+    except FileNotFoundError as err:
+        raise ValueError(f"--resume: no checkpoint in {str(directory)!r} ({err.filename} is missing)") from err
+    except Exception as err:
+        raise ValueError(f"--resume: checkpoint in {str(ckpt)!r} is corrupted: {type(err).__name__}: {err}") from err
+    return trainer["step"], trainer["history"]
+
+
+def _average_gradients(module: torch.nn.Module, world: int) -> None:
+    """All-reduce the gradients to their mean across processes, in one flat buffer.
+
+    Every process starts from the same seeded weights and applies the same averaged update,
+    so the replicas stay identical without a DDP wrapper (which would hide the compressor's
+    config and trip over the control's unused parameters)."""
+    if world == 1:
+        return
+    import torch.distributed as dist
+
+    params = list(module.parameters())
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.flatten() for p in params])
+    dist.all_reduce(flat)
+    flat /= world
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[offset : offset + n].view_as(p))
+        offset += n
+
+
+def train(
+    model,
+    teacher: TeacherCache,
+    cfg: DistillConfig,
+    out: Path,
+    resume: bool = False,
+    accelerator=None,
+    progress: Callable[[dict], None] | None = None,
+    stop_after: int | None = None,
+) -> SSMCompressor:
+    """Train a compressor on ``teacher``'s cached targets; write it to ``out``.
+
+    ``stop_after`` ends the loop after that many steps without finishing (tests simulate an
+    interruption with it). Raises :class:`TrainingDiverged` on a nan/inf loss, leaving the
+    last good checkpoint in place.
+    """
+    from accelerate import Accelerator
+
+    accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+    out = Path(out)
+    info_params = sum(p.numel() for p in model.parameters())
+    ccfg = SSMCompressorConfig.for_teacher(model.config, name=cfg.model, num_parameters=info_params,
+                                           **cfg.compressor_overrides())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        compressor = SSMCompressor(ccfg).train()
+    optimizer = torch.optim.AdamW(compressor.parameters(), lr=cfg.stage1_lr, weight_decay=cfg.weight_decay)
+    groups: dict[int, list[int]] = {}
+    for i, e in enumerate(teacher.episodes):
+        groups.setdefault(e.group, []).append(i)
+    schedule = Schedule([groups[g] for g in sorted(groups)], cfg)
+    if len(schedule.steps) == 0:
+        raise ValueError(f"no training steps: {len(groups)} groups with groups_per_step={cfg.groups_per_step}")
+    start_step, history = 0, []
+    if resume:
+        start_step, history = load_checkpoint(out, compressor, optimizer)
+    compressor.to(accelerator.device)
+    raw = compressor
+    rank, world = accelerator.process_index, accelerator.num_processes
+    if cfg.groups_per_step % world:
+        raise ValueError(f"groups_per_step={cfg.groups_per_step} must be a multiple of the {world} processes")
+    t0 = time.perf_counter()
+    for step in range(start_step, len(schedule.steps)):
+        if stop_after is not None and step - start_step >= stop_after:
+            break
+        stage, group_ids = schedule.steps[step]
+        lo, hi = schedule.stage_bounds(stage)
+        base = cfg.stage1_lr if stage == 1 else cfg.stage2_lr
+        for pg in optimizer.param_groups:
+            pg["lr"] = base * _lr_factor(step, lo, hi, cfg.warmup_ratio)
+        mine = group_ids[rank::world]
+        total = None
+        logs: dict[str, float] = {}
+        for gid in mine:
+            episodes = [teacher.get(i) for i in schedule.groups[gid]]
+            losses = group_losses(model, compressor, episodes, cfg, stage)
+            part = losses["loss"] / len(mine)
+            total = part if total is None else total + part
+            for key, value in losses.items():
+                logs[key] = logs.get(key, 0.0) + float(value.detach()) / len(mine)
+        if not torch.isfinite(total):
+            raise TrainingDiverged(
+                f"loss became {float(total)} at step {step} (stage {stage}); the last good checkpoint is kept "
+                f"in {str(out / 'checkpoint')!r}"
+            )
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        _average_gradients(compressor, world)
+        torch.nn.utils.clip_grad_norm_(compressor.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+        if world > 1:  # the step's losses over all processes, as one process would log them
+            import torch.distributed as dist
+
+            names = sorted(logs)
+            values = torch.tensor([logs[n] for n in names], dtype=torch.float64)
+            dist.all_reduce(values)
+            logs = {n: v / world for n, v in zip(names, values.tolist())}
+        record = {"step": step, "stage": stage, "lr": optimizer.param_groups[0]["lr"], **logs,
+                  "seconds": time.perf_counter() - t0}
+        history.append(record)
+        if progress and accelerator.is_main_process:
+            progress({**record, "total_steps": len(schedule.steps)})
+        if (step + 1) % cfg.checkpoint_every == 0 and accelerator.is_main_process:
+            save_checkpoint(out, raw, optimizer, step + 1, history)
+        accelerator.wait_for_everyone()
+    else:
+        if accelerator.is_main_process:
+            raw.save_pretrained(out)
+            (out / "distill_config.json").write_text(json.dumps(asdict(cfg), indent=1))
+            (out / "history.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+            if (out / "checkpoint").exists():
+                shutil.rmtree(out / "checkpoint")
+    return raw.eval()

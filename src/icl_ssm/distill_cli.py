@@ -1,0 +1,119 @@
+"""``icl-ssm distill``: build (or reuse) the teacher cache, then train a compressor.
+
+Every :class:`~icl_ssm.distill.DistillConfig` field is a flag. Works as-is in one process and
+under ``accelerate launch -m icl_ssm distill ...`` (data parallel: teacher shards and training
+groups are split across processes)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import torch
+
+from icl_ssm.distill import DistillConfig, TrainingDiverged, train
+from icl_ssm.models import load_model
+from icl_ssm.teacher import TeacherCache, TeacherSpec, build_teacher_cache, model_fingerprint
+
+
+def teacher_spec(cfg: DistillConfig, model) -> TeacherSpec:
+    return TeacherSpec(model=cfg.model, model_fingerprint=model_fingerprint(model), tasks=cfg.tasks, k=cfg.k,
+                       episodes=cfg.samples, queries=cfg.queries, group_size=cfg.group_size,
+                       num_virtual=cfg.num_virtual, num_sink=cfg.num_sink, topk=cfg.topk, seed=cfg.seed,
+                       chat=cfg.chat)
+
+
+def check_out(out: Path, cfg: DistillConfig, resume: bool) -> str:
+    """``"new"``, ``"resume"`` or ``"done"``; refuses an ``--out`` that holds another run."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file, not a directory")
+    stored_path = out / "distill_config.json"
+    if stored_path.exists():
+        stored = json.loads(stored_path.read_text())
+        mine = json.loads(json.dumps(asdict(cfg)))
+        diffs = [f"{k}: {stored.get(k)!r} there, {v!r} requested" for k, v in mine.items() if stored.get(k) != v]
+        if diffs:
+            raise ValueError(f"--out {str(out)!r} holds another run (" + "; ".join(diffs) + "); choose another --out")
+        if (out / "model.safetensors").exists() and not (out / "checkpoint").exists():
+            return "done"
+    elif out.exists() and any(out.iterdir()):
+        raise ValueError(f"--out {str(out)!r} is not empty and holds no icl-ssm distillation run")
+    if (out / "checkpoint").exists():
+        if not resume:
+            raise ValueError(f"--out {str(out)!r} holds an unfinished run: pass --resume to continue it")
+        return "resume"
+    if resume:
+        raise ValueError(f"--resume: no checkpoint in {str(out)!r}")
+    return "new"
+
+
+def run_distill(args: argparse.Namespace) -> int:
+    from accelerate import Accelerator
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    cfg = DistillConfig.from_dict({f.name: getattr(args, f.name) for f in fields(DistillConfig)})
+    out = Path(args.out)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    state = check_out(out, cfg, args.resume)
+    if state == "done":
+        print(f"{out}: a compressor with this exact configuration is already trained there", file=sys.stderr)
+        return 0
+    model, tokenizer = load_model(cfg.model, device=accelerator.device)
+    spec = teacher_spec(cfg, model)
+    main = accelerator.is_main_process
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "distill_config.json").write_text(json.dumps(asdict(cfg), indent=1))
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+    with Progress(*columns, disable=not main, transient=False) as bar:
+        job = bar.add_task("teacher targets", total=None, info="")
+        directory = build_teacher_cache(
+            model, tokenizer, spec, args.teacher_cache, rank=accelerator.process_index,
+            world=accelerator.num_processes,
+            progress=lambda done, total: bar.update(job, completed=done, total=total),
+        )
+        accelerator.wait_for_everyone()
+        teacher = TeacherCache.open(directory, spec)
+        job = bar.add_task("distilling", total=None, info="")
+
+        def show(record: dict) -> None:
+            keys = ("kv", "kl", "hidden", "rank")
+            info = f"stage {record['stage']} loss {record['loss']:.4f} " + " ".join(
+                f"{k} {record[k]:.4f}" for k in keys if k in record)
+            info += f" | {(record['step'] + 1) / max(record['seconds'], 1e-9):.2f} steps/s"
+            bar.update(job, completed=record["step"] + 1, total=record["total_steps"], info=info)
+
+        try:
+            train(model, teacher, cfg, out, resume=state == "resume", accelerator=accelerator, progress=show,
+                  stop_after=args.stop_after)
+        except TrainingDiverged as err:
+            print(f"icl-ssm distill: {err}", file=sys.stderr)
+            return 1
+    if main:
+        print(f"compressor written to {out}", file=sys.stderr)
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("distill", help="distil an SSM compressor from the teacher (Algorithm 1)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    defaults = DistillConfig()
+    for f in fields(DistillConfig):
+        flag = "--" + ("task" if f.name == "tasks" else f.name.replace("_", "-"))
+        default = getattr(defaults, f.name)
+        if f.name == "tasks":
+            p.add_argument(flag, dest="tasks", nargs="+", default=list(default), help="one or several tasks")
+        elif isinstance(default, bool):
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default)
+        else:
+            p.add_argument(flag, dest=f.name, type=type(default), default=default)
+    p.add_argument("--out", required=True, help="directory for the compressor, its config and checkpoints")
+    p.add_argument("--resume", action="store_true", help="continue the unfinished run in --out")
+    p.add_argument("--teacher-cache", default=None,
+                   help="teacher cache directory (default: keyed by settings under $ICL_SSM_CACHE/teacher)")
+    p.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: simulate an interruption
+    p.set_defaults(func=run_distill)

@@ -1,0 +1,327 @@
+"""The frozen teacher's targets for distillation, computed once and stored on disk.
+
+A training *episode* is one demonstration subset (k examples from a task's candidate pool)
+and Q queries from the same pool (never the validation or test split). Episodes come in
+*groups* of subsets that share their queries, so that the student can be taught how losses
+*differ between subsets* on the same queries, the quantity selection ranks by.
+
+For every episode the teacher runs one dense prefill over the demonstrations and then answers
+each query from that prefix cache (never re-running the prefix). Stored, per episode:
+
+* ``pool_k``, ``pool_v: (m, H_kv, n_v, d)``: the post-RoPE keys/values of the prompt after
+  the sinks, averaged over ``n_v`` equal chunks of positions (the stage-1 targets);
+* per query: the top-K log-probabilities of the answer-position distribution and the mass
+  left outside them (KL targets), the first-token gold log-probability and the first-token
+  log-probability of every label, and every layer's hidden state at the answer position.
+
+Shards are safetensors files written atomically under a directory keyed by everything the
+targets depend on (``meta.json``); a directory written with other settings is refused with
+the differences named. Shard j is computed by process ``j mod world``, so several processes
+(``accelerate launch``) fill one cache together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from icl_ssm import cache as K
+from icl_ssm import tasks as T
+from icl_ssm.prompts import PromptBuilder
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class TeacherSpec:
+    """Everything the stored targets depend on."""
+
+    model: str
+    model_fingerprint: str
+    tasks: tuple[str, ...]
+    k: int
+    episodes: int
+    queries: int = 8
+    group_size: int = 4
+    num_virtual: int = 16
+    num_sink: int = 4
+    topk: int = 64
+    seed: int = 0
+    chat: bool = False
+    shard_size: int = 16
+    format: int = FORMAT
+
+    def __post_init__(self):
+        for name in ("k", "episodes", "queries", "group_size", "num_virtual", "topk", "shard_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not self.tasks:
+            raise ValueError("at least one task is needed")
+
+    def key(self) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @property
+    def num_shards(self) -> int:
+        return -(-self.episodes // self.shard_size)
+
+
+def model_fingerprint(model) -> str:
+    """Hash of the teacher's config and parameter count: a changed teacher changes targets."""
+    config = model.config.to_dict()
+    for volatile in ("_name_or_path", "transformers_version", "torch_dtype", "dtype"):
+        config.pop(volatile, None)
+    blob = json.dumps(config, sort_keys=True, default=str) + str(sum(p.numel() for p in model.parameters()))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Episode:
+    task: int  # index into spec.tasks
+    group: int
+    demos: tuple[int, ...]  # pool indices, in prompt order
+    queries: tuple[int, ...]  # pool indices
+
+
+def sample_episodes(pool_sizes: Sequence[int], spec: TeacherSpec) -> list[Episode]:
+    """Deterministic episodes: tasks take turns group by group; within a group, ``group_size``
+    subsets of ``k`` demonstrations share ``queries`` queries drawn from the rest of the pool."""
+    rng = np.random.default_rng(spec.seed)
+    episodes: list[Episode] = []
+    group = 0
+    while len(episodes) < spec.episodes:
+        task = group % len(pool_sizes)
+        n = pool_sizes[task]
+        if n < spec.k + spec.queries:
+            raise ValueError(
+                f"task {spec.tasks[task]!r}: the pool has {n} examples, fewer than k + queries = "
+                f"{spec.k} + {spec.queries}"
+            )
+        queries = rng.choice(n, spec.queries, replace=False)
+        rest = np.setdiff1d(np.arange(n), queries)
+        for _ in range(min(spec.group_size, spec.episodes - len(episodes))):
+            demos = rng.choice(rest, spec.k, replace=False)
+            episodes.append(Episode(task, group, tuple(int(i) for i in demos), tuple(int(i) for i in queries)))
+        group += 1
+    return episodes
+
+
+def _ragged(seqs: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    flat = torch.tensor([t for s in seqs for t in s], dtype=torch.int32)
+    return flat, offsets
+
+
+def _unragged(flat: Tensor, offsets: Tensor) -> list[Tensor]:
+    return [flat[offsets[i] : offsets[i + 1]].long() for i in range(len(offsets) - 1)]
+
+
+def pad(seqs: Sequence[Tensor], side: str = "right", value: int = 0) -> tuple[Tensor, Tensor]:
+    """``n`` 1-D id tensors -> ``(n, L)`` ids and bool mask, padded on ``side``."""
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), value, dtype=torch.long)
+    mask = torch.zeros(len(seqs), L, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        if side == "right":
+            ids[i, : len(s)], mask[i, : len(s)] = s, True
+        else:
+            ids[i, L - len(s) :], mask[i, L - len(s) :] = s, True
+    return ids, mask
+
+
+def pool_kv(kv: Tensor, length: int, num_sink: int, num_virtual: int) -> Tensor:
+    """Mean of ``kv: (H_kv, L, d)`` over ``num_virtual`` equal chunks of positions
+    ``num_sink .. length`` -> ``(H_kv, num_virtual, d)`` (the paper's Pool)."""
+    span = kv[:, num_sink:length]
+    if span.shape[1] < num_virtual:
+        raise ValueError(
+            f"a prompt of {length} tokens leaves {span.shape[1]} after {num_sink} sinks, fewer than "
+            f"num_virtual={num_virtual}; use more demonstrations or fewer virtual tokens"
+        )
+    return torch.stack([c.mean(dim=1) for c in torch.tensor_split(span, num_virtual, dim=1)], dim=1)
+
+
+@torch.no_grad()
+def teacher_targets(model, builder: PromptBuilder, demos: list[T.Example], queries: list[T.Example],
+                    spec: TeacherSpec) -> dict[str, Tensor]:
+    """One episode's targets (see the module docstring); shapes without the episode axis."""
+    prefix_ids = torch.tensor([builder.build_prefix(demos).input_ids])
+    dense = K.exact_cache(model, prefix_ids)
+    L = prefix_ids.shape[1]
+    pool_k = torch.stack([pool_kv(k[0], L, spec.num_sink, spec.num_virtual) for k in dense.keys])
+    pool_v = torch.stack([pool_kv(v[0], L, spec.num_sink, spec.num_virtual) for v in dense.values])
+    suffixes = [torch.tensor(builder.build_suffix(q).input_ids) for q in queries]
+    ids, mask = pad(suffixes, side="left")  # the answer position is the last one for every row
+    out = K.forward_with_prefix(model, dense.repeat_interleave(len(queries)), ids, mask,
+                                output_hidden_states=True, logits_to_keep=1)
+    logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # (Q, V)
+    top_logp, top_idx = logp.topk(spec.topk, dim=-1)
+    gold = torch.tensor([builder.answer_ids(q)[0] for q in queries])
+    labels = builder.task.labels if builder.task.kind == "classification" else ()
+    label_tokens = torch.tensor([builder.answer_ids(lab)[0] for lab in labels], dtype=torch.long)
+    hidden = torch.stack([h[:, -1] for h in out.hidden_states[1:]], dim=1)  # (Q, m, H)
+    return {
+        "prompt_ids": prefix_ids[0],
+        "query_ids": suffixes,
+        "pool_k": pool_k.half(),
+        "pool_v": pool_v.half(),
+        "top_idx": top_idx.int(),
+        "top_logp": top_logp,
+        "gold_token": gold,
+        "gold_logp": logp.gather(1, gold[:, None])[:, 0],
+        "label_tokens": label_tokens,
+        "label_logp": logp[:, label_tokens] if len(labels) else torch.zeros(len(queries), 0),
+        "hidden": hidden.half(),
+    }
+
+
+def _atomic_save(tensors: dict[str, Tensor], path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _check_meta(directory: Path, spec: TeacherSpec) -> None:
+    meta_path = directory / "meta.json"
+    if not meta_path.exists():
+        return
+    stored = json.loads(meta_path.read_text())
+    mine = asdict(spec)
+    diffs = [f"{k}: cache has {stored.get(k)!r}, requested {mine[k]!r}" for k in mine
+             if json.dumps(stored.get(k)) != json.dumps(mine[k])]
+    if diffs:
+        raise ValueError(f"teacher cache {str(directory)!r} was written with other settings; refusing to "
+                         "reuse it: " + "; ".join(diffs))
+
+
+@dataclass
+class TeacherCache:
+    """Read access to a complete teacher cache directory."""
+
+    directory: Path
+    spec: TeacherSpec
+    episodes: list[Episode] = field(repr=False)
+    _shards: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, directory: str | Path, spec: TeacherSpec | None = None) -> TeacherCache:
+        directory = Path(directory)
+        meta_path = directory / "meta.json"
+        if not meta_path.exists():
+            raise ValueError(f"{str(directory)!r} is not a teacher cache (no meta.json)")
+        meta = json.loads(meta_path.read_text())
+        stored = TeacherSpec(**{**meta, "tasks": tuple(meta["tasks"])})
+        if spec is not None:
+            _check_meta(directory, spec)
+        missing = [j for j in range(stored.num_shards) if not (directory / f"shard-{j:05d}.safetensors").exists()]
+        if missing:
+            raise ValueError(f"teacher cache {str(directory)!r} is incomplete: shards {missing[:8]} are missing")
+        episodes = [Episode(**{**e, "demos": tuple(e["demos"]), "queries": tuple(e["queries"])})
+                    for e in json.loads((directory / "episodes.json").read_text())]
+        return cls(directory, stored, episodes)
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    def shard(self, j: int) -> dict[str, Tensor]:
+        if j not in self._shards:
+            self._shards = {j: load_file(str(self.directory / f"shard-{j:05d}.safetensors"))}  # keep one
+        return self._shards[j]
+
+    def get(self, i: int) -> dict[str, Tensor]:
+        """Episode ``i``'s targets (the keys of :func:`teacher_targets`)."""
+        j, r = divmod(i, self.spec.shard_size)
+        s = self.shard(j)
+        out = {name: s[name][r] for name in ("pool_k", "pool_v", "top_idx", "top_logp", "gold_token",
+                                               "gold_logp", "label_logp", "hidden")}
+        out["prompt_ids"] = _unragged(s["prompt_ids"], s["prompt_offsets"])[r]
+        Q = self.spec.queries
+        queries = _unragged(s["query_ids"], s["query_offsets"])
+        out["query_ids"] = queries[r * Q : (r + 1) * Q]
+        out["label_tokens"] = s["label_tokens"][r]
+        out["group"] = self.episodes[i].group
+        return out
+
+
+def teacher_cache_dir(spec: TeacherSpec, root: str | Path | None = None) -> Path:
+    from icl_ssm.assets import cache_dir
+
+    return Path(root) if root is not None else cache_dir() / "teacher" / spec.key()
+
+
+def build_teacher_cache(
+    model,
+    tokenizer,
+    spec: TeacherSpec,
+    directory: str | Path | None = None,
+    rank: int = 0,
+    world: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+    task_options: dict | None = None,
+) -> Path:
+    """Fill (or finish) the cache for ``spec``: this process computes shards ``rank::world``.
+
+    Returns the directory. Shards already present are kept: an interrupted build resumes.
+    """
+    directory = teacher_cache_dir(spec, directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    _check_meta(directory, spec)
+    tasks = [T.get_task(name, **(task_options or {}).get(name, {})) for name in spec.tasks]
+    pools = [T.split(task, seed=spec.seed).pool for task in tasks]
+    episodes = sample_episodes([len(p) for p in pools], spec)
+    builders = [PromptBuilder.for_model(model, tokenizer, task, chat=spec.chat) for task in tasks]
+    if rank == 0:
+        for name, payload in (("episodes.json", [asdict(e) for e in episodes]), ("meta.json", asdict(spec))):
+            path = directory / name
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(payload))
+            os.replace(tmp, path)
+    mine = [j for j in range(spec.num_shards) if j % world == rank]
+    done = 0
+    for j in mine:
+        path = directory / f"shard-{j:05d}.safetensors"
+        block = episodes[j * spec.shard_size : (j + 1) * spec.shard_size]
+        if path.exists():
+            done += len(block)
+            if progress:
+                progress(done, sum(len(episodes[i * spec.shard_size:(i + 1) * spec.shard_size]) for i in mine))
+            continue
+        rows = []
+        for e in block:
+            pool = pools[e.task]
+            rows.append(teacher_targets(model, builders[e.task], [pool[i] for i in e.demos],
+                                        [pool[i] for i in e.queries], spec))
+            done += 1
+            if progress:
+                progress(done, sum(len(episodes[i * spec.shard_size:(i + 1) * spec.shard_size]) for i in mine))
+        n_labels = max(r["label_tokens"].numel() for r in rows)
+        prompt_ids, prompt_offsets = _ragged([r["prompt_ids"].tolist() for r in rows])
+        query_ids, query_offsets = _ragged([q.tolist() for r in rows for q in r["query_ids"]])
+        tensors = {
+            "prompt_ids": prompt_ids, "prompt_offsets": prompt_offsets,
+            "query_ids": query_ids, "query_offsets": query_offsets,
+            "label_tokens": torch.stack([torch.nn.functional.pad(r["label_tokens"], (0, n_labels - r["label_tokens"].numel()), value=-1) for r in rows]),
+            "label_logp": torch.stack([torch.nn.functional.pad(r["label_logp"], (0, n_labels - r["label_logp"].shape[1]), value=float("-inf")) for r in rows]),
+        }
+        for name in ("pool_k", "pool_v", "top_idx", "top_logp", "gold_token", "gold_logp", "hidden"):
+            tensors[name] = torch.stack([r[name] for r in rows])
+        _atomic_save(tensors, path)
+    return directory
