@@ -350,7 +350,7 @@ def train(
                 logs[key] = logs.get(key, 0.0) + float(value.detach()) / len(mine)
         if not torch.isfinite(total):
             raise TrainingDiverged(
-                f"loss became {float(total)} at step {step} (stage {stage}); the last good checkpoint is kept "
+                f"loss became {total.item()} at step {step} (stage {stage}); the last good checkpoint is kept "
                 f"in {str(out / 'checkpoint')!r}"
             )
         optimizer.zero_grad(set_to_none=True)

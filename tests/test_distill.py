@@ -1,0 +1,203 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from icl_ssm import distill as D
+from icl_ssm import teacher as TT
+from icl_ssm.cli import main
+from icl_ssm.models import load_model
+
+SMALL = ["--model", "tiny-llama", "--task", "coin_flip", "--k", "4", "--samples", "8", "--queries", "2",
+         "--group-size", "2", "--state-size", "16", "--num-virtual", "4", "--num-sink", "2", "--latent-size", "8",
+         "--lambda-rank", "1.0", "--checkpoint-every", "2"]
+
+
+def weights(path: Path) -> dict:
+    return load_file(str(path / "model.safetensors"))
+
+
+def same_weights(a: Path, b: Path, atol: float = 0.0) -> bool:
+    wa, wb = weights(a), weights(b)
+    return wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], rtol=0, atol=atol) for k in wa)
+
+
+# --- losses -----------------------------------------------------------------------------
+
+
+def test_kv_alignment_loss_is_zero_for_the_targets_and_scale_free():
+    pool = torch.randn(3, 2, 2, 4, 8)  # (B, m, H_kv, n_v, d)
+    keys = pool.transpose(0, 1) * 5  # (m, B, ...), scaled: cosine ignores scale
+    assert D.kv_alignment_loss(keys, keys, pool, pool).abs().item() < 1e-6
+    assert D.kv_alignment_loss(-keys, keys, pool, pool).item() == pytest.approx(2.0, abs=1e-5)
+
+
+def test_bucket_kl_is_zero_on_the_teacher_and_positive_elsewhere():
+    logits = torch.randn(5, 50)
+    logp = torch.log_softmax(logits, -1)
+    top_logp, top_idx = logp.topk(8, dim=-1)
+    assert D.bucket_kl(logp, top_idx, top_logp, 2.0).abs().max().item() < 1e-5
+    other = torch.log_softmax(torch.randn(5, 50), -1)
+    assert (D.bucket_kl(other, top_idx, top_logp, 2.0) > 0).all()
+
+
+def test_rank_loss_only_sees_differences_between_subsets():
+    teacher = torch.randn(4, 6)
+    assert D.rank_loss(teacher + torch.randn(1, 6) * 3, teacher).item() < 1e-10  # per-query shifts
+    assert D.rank_loss(teacher.flip(0), teacher).item() > 0.01
+
+
+# --- teacher cache ------------------------------------------------------------------------
+
+
+def spec(**kw):
+    base = dict(model="tiny-llama", model_fingerprint="x", tasks=("coin_flip",), k=4, episodes=8, queries=2,
+                group_size=2, num_virtual=4, num_sink=2, topk=8, shard_size=3)
+    base.update(kw)
+    return TT.TeacherSpec(**base)
+
+
+def test_episodes_are_deterministic_grouped_and_disjoint():
+    s = spec(episodes=7, group_size=3)
+    a, b = TT.sample_episodes([100], s), TT.sample_episodes([100], s)
+    assert a == b and len(a) == 7
+    for e in a:
+        assert len(set(e.demos)) == 4 and not set(e.demos) & set(e.queries)
+    assert a[0].queries == a[1].queries == a[2].queries and a[0].demos != a[1].demos
+    assert a[3].group == 1 and a[3].queries != a[0].queries
+    with pytest.raises(ValueError, match="fewer than k \\+ queries"):
+        TT.sample_episodes([5], s)
+
+
+def test_teacher_cache_round_trip_and_refusals(tmp_cache, tmp_path):
+    model, tok = load_model("tiny-llama")
+    s = spec(model_fingerprint=TT.model_fingerprint(model))
+    d = TT.build_teacher_cache(model, tok, s, tmp_path / "tc")
+    cache = TT.TeacherCache.open(d, s)
+    assert len(cache) == 8
+    e = cache.get(4)
+    assert e["pool_k"].shape == (2, 2, 4, 8) and e["hidden"].shape == (2, 2, 32)
+    assert len(e["query_ids"]) == 2 and e["top_logp"].shape == (2, 8)
+    # the stored first-token gold log-prob is what a fresh dense pass gives
+    assert torch.isfinite(e["gold_logp"]).all() and (e["gold_logp"] <= 0).all()
+    with pytest.raises(ValueError, match="k: cache has 4, requested 5"):
+        TT.TeacherCache.open(d, spec(model_fingerprint=s.model_fingerprint, k=5))
+    with pytest.raises(ValueError, match="other settings"):
+        TT.build_teacher_cache(model, tok, spec(model_fingerprint="other"), d)
+    (d / "shard-00001.safetensors").unlink()
+    with pytest.raises(ValueError, match="incomplete"):
+        TT.TeacherCache.open(d)
+
+
+def test_pool_kv_means_equal_chunks():
+    kv = torch.arange(2 * 10 * 1, dtype=torch.float32).view(2, 10, 1)
+    pooled = TT.pool_kv(kv, 10, 2, 4)  # positions 2..9 in 4 chunks of 2
+    assert pooled[0, :, 0].tolist() == [2.5, 4.5, 6.5, 8.5]
+    with pytest.raises(ValueError, match="fewer than num_virtual=4"):
+        TT.pool_kv(kv, 5, 2, 4)
+
+
+# --- training -----------------------------------------------------------------------------
+
+
+def test_distill_trains_and_stage1_loss_decreases(tmp_cache, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["distill", *SMALL, "--stage1-epochs", "12", "--stage1-lr", "3e-3", "--out", str(out)]) == 0
+    history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    stage1 = [h["kv"] for h in history if h["stage"] == 1]
+    assert sum(stage1[-4:]) / 4 < sum(stage1[:4]) / 4 - 0.05
+    assert any(h["stage"] == 2 and "kl" in h for h in history)
+    assert json.loads((out / "distill_config.json").read_text())["k"] == 4
+    assert not (out / "checkpoint").exists()
+    # the same configuration again: nothing to do
+    assert main(["distill", *SMALL, "--stage1-epochs", "12", "--stage1-lr", "3e-3", "--out", str(out)]) == 0
+    assert "already trained" in capsys.readouterr().err
+
+
+def test_resume_ends_with_the_same_weights(tmp_cache, tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert main(["distill", *SMALL, "--out", str(straight)]) == 0
+    assert main(["distill", *SMALL, "--out", str(resumed), "--stop-after", "5"]) == 0
+    assert (resumed / "checkpoint").exists() and not (resumed / "model.safetensors").exists()
+    assert main(["distill", *SMALL, "--out", str(resumed)]) == 2  # unfinished: --resume needed
+    assert main(["distill", *SMALL, "--out", str(resumed), "--resume"]) == 0
+    assert same_weights(straight, resumed)
+
+
+def test_killed_process_resumes_to_the_same_weights(tmp_cache, tmp_path):
+    args = [*SMALL, "--stage1-epochs", "40", "--checkpoint-every", "3"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert main(["distill", *args, "--out", str(straight)]) == 0
+    env = {**os.environ, "ICL_SSM_CACHE": str(tmp_cache)}
+    proc = subprocess.Popen([sys.executable, "-m", "icl_ssm", "distill", *args, "--out", str(killed)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (killed / "checkpoint").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert not (killed / "model.safetensors").exists()
+    assert main(["distill", *args, "--out", str(killed), "--resume"]) == 0
+    assert same_weights(straight, killed)
+
+
+def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_cache, tmp_path, monkeypatch, capsys):
+    real = D.group_losses
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        losses = real(*args, **kwargs)
+        if calls["n"] > 5:
+            losses["loss"] = losses["loss"] * float("nan")
+        return losses
+
+    monkeypatch.setattr(D, "group_losses", poisoned)
+    out = tmp_path / "run"
+    assert main(["distill", *SMALL, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "at step 5" in err and "last good checkpoint" in err
+    state = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 4 and all(torch.isfinite(v).all() for v in weights(out / "checkpoint").values())
+
+
+def test_bad_runs_are_refused(tmp_cache, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["distill", *SMALL, "--out", str(out), "--stop-after", "3"]) == 0
+    assert main(["distill", *[a if a != "4" else "5" for a in SMALL], "--out", str(out)]) == 2
+    assert "holds another run (k: 4 there, 5 requested" in capsys.readouterr().err
+    ckpt = out / "checkpoint" / "model.safetensors"
+    ckpt.write_bytes(ckpt.read_bytes()[:100])
+    assert main(["distill", *SMALL, "--out", str(out), "--resume"]) == 2
+    assert "corrupted" in capsys.readouterr().err
+    assert main(["distill", *SMALL, "--out", str(tmp_path / "fresh"), "--resume"]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert main(["distill", *SMALL, "--out", str(tmp_path / "file")]) == 2
+    assert "is a file" in capsys.readouterr().err
+    assert main(["distill", *SMALL[:-2], "--samples", "0", "--out", str(tmp_path / "z")]) == 2
+    assert "samples must be a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_two_processes_train_like_one(tmp_cache, tmp_path):
+    """``accelerate launch`` with 2 CPU processes (gloo) gives one process's weights."""
+    args = [*SMALL, "--groups-per-step", "2", "--teacher-cache", str(tmp_path / "tc")]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(["distill", *args, "--out", str(one)]) == 0
+    env = {**os.environ, "ICL_SSM_CACHE": str(tmp_cache)}
+    accelerate = Path(sys.executable).with_name("accelerate")
+    result = subprocess.run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "-m", "icl_ssm",
+                             "distill", *args, "--out", str(two)], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert same_weights(one, two, atol=1e-6)
+    h1 = [json.loads(x) for x in (one / "history.jsonl").read_text().splitlines()]
+    h2 = [json.loads(x) for x in (two / "history.jsonl").read_text().splitlines()]
+    assert [round(a["loss"], 5) for a in h1] == [round(b["loss"], 5) for b in h2]
