@@ -14,8 +14,8 @@ plus a ranking term aimed at what selection needs.
 
 Only the compressor trains. Training is data-parallel through ``accelerate`` (each process
 takes whole groups and gradients are averaged across processes; the loss is a mean over the
-step's groups, so N processes equal one process that takes all of them); checkpoints are written atomically and ``resume`` continues
-bit-for-bit in one process.
+step's groups, so N processes equal one process that takes all of them). Checkpoints are
+written atomically, and ``resume`` ends with the weights of an uninterrupted run.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -295,6 +296,7 @@ def build_teacher_cache(
             tmp.write_text(json.dumps(payload))
             os.replace(tmp, path)
     mine = [j for j in range(spec.num_shards) if j % world == rank]
+    total = sum(len(episodes[j * spec.shard_size : (j + 1) * spec.shard_size]) for j in mine)
     done = 0
     for j in mine:
         path = directory / f"shard-{j:05d}.safetensors"
@@ -302,7 +304,7 @@ def build_teacher_cache(
         if path.exists():
             done += len(block)
             if progress:
-                progress(done, sum(len(episodes[i * spec.shard_size:(i + 1) * spec.shard_size]) for i in mine))
+                progress(done, total)
             continue
         rows = []
         for e in block:
@@ -311,15 +313,17 @@ def build_teacher_cache(
                                         [pool[i] for i in e.queries], spec))
             done += 1
             if progress:
-                progress(done, sum(len(episodes[i * spec.shard_size:(i + 1) * spec.shard_size]) for i in mine))
+                progress(done, total)
         n_labels = max(r["label_tokens"].numel() for r in rows)
         prompt_ids, prompt_offsets = _ragged([r["prompt_ids"].tolist() for r in rows])
         query_ids, query_offsets = _ragged([q.tolist() for r in rows for q in r["query_ids"]])
+        def padded(name: str, value: float) -> Tensor:  # tasks differ in their label count
+            return torch.stack([F.pad(r[name], (0, n_labels - r[name].shape[-1]), value=value) for r in rows])
+
         tensors = {
             "prompt_ids": prompt_ids, "prompt_offsets": prompt_offsets,
             "query_ids": query_ids, "query_offsets": query_offsets,
-            "label_tokens": torch.stack([torch.nn.functional.pad(r["label_tokens"], (0, n_labels - r["label_tokens"].numel()), value=-1) for r in rows]),
-            "label_logp": torch.stack([torch.nn.functional.pad(r["label_logp"], (0, n_labels - r["label_logp"].shape[1]), value=float("-inf")) for r in rows]),
+            "label_tokens": padded("label_tokens", -1), "label_logp": padded("label_logp", float("-inf")),
         }
         for name in ("pool_k", "pool_v", "top_idx", "top_logp", "gold_token", "gold_logp", "hidden"):
             tensors[name] = torch.stack([r[name] for r in rows])

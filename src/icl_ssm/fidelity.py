@@ -1,0 +1,652 @@
+"""``icl-ssm fidelity``: how well a compressed cache stands in for the dense prompt.
+
+Demonstration selection only needs the compressed cache to *rank* subsets the way the dense
+prompt does, so beside the per-query agreement of the answer-position logits (relative L2
+error, KL, top-1) this reports the Spearman correlation, over held-out subsets, between each
+subset's mean validation loss computed densely and computed from the compressed cache.
+
+The core is reusable by distillation and selection:
+
+* :func:`sample_subsets` - ``n`` random ``k``-subsets of a pool (explicit numpy Generator);
+* :func:`evaluate_prefixes` - answer ``Q`` queries after each of ``R`` prefix rows: the
+  answer-position logits ``(R, Q, V)``, the gold loss and the prediction per (row, query);
+  :func:`answer_logits` is its batched fast path, :func:`answer_logits_ref` the reference;
+* :func:`evaluate_paths` - the same subsets through several cache builders (dense, compressed,
+  control, window), streaming the logit agreement with the reference path batch by batch so
+  that no ``(S, Q, V)`` tensor is ever held;
+* :func:`fidelity_report` - the summary dict of one path against the dense one.
+
+Paper: Zhang et al., "Long-Context Demonstration Selection Using State Space Models".
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from icl_ssm import cache as K
+from icl_ssm import prompts as P
+from icl_ssm import tasks as T
+from icl_ssm.compressor import SSMCompressor, load_compressor
+from icl_ssm.cost import Cost, measure
+from icl_ssm.models import DEFAULT_MODEL, load_model
+
+LOSSES = ("nll", "ce")  # gold-verbaliser NLL, or cross-entropy over the label set
+
+# (input_ids (B, T), attention_mask (B, T), right-padded) -> a cache standing for each row
+CacheBuilder = Callable[[Tensor, Tensor], K.PrefixCache]
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def sample_subsets(pool: int | Sequence[Any], k: int, n: int, rng: np.random.Generator) -> list[list[int]]:
+    """``n`` subsets of ``k`` distinct pool indices each, in random demonstration order.
+
+    Deterministic for the state of ``rng``. Subsets are drawn independently, so two may
+    coincide on a tiny pool.
+    """
+    size = pool if isinstance(pool, int) else len(pool)
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k={k!r}: expected an integer >= 1 demonstrations per subset")
+    if k > size:
+        raise ValueError(
+            f"k={k} demonstrations requested but the candidate pool has only {size} examples; "
+            "lower k or use a task with a larger pool"
+        )
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"subsets={n!r}: expected an integer >= 1")
+    return [rng.choice(size, size=k, replace=False).tolist() for _ in range(n)]
+
+
+def pad_right(prompts: Sequence[P.PromptLike], pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """Right-pad prompts into ``input_ids (B, T)`` long and ``attention_mask (B, T)`` bool."""
+    seqs = [P.as_ids(p) for p in prompts]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for b, s in enumerate(seqs):
+        ids[b, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[b, : len(s)] = True
+    return ids, mask
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def rankdata(x: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Ranks 1..n, ties sharing their average rank (``scipy.stats.rankdata(method="average")``)."""
+    x = np.asarray(x, dtype=np.float64)
+    order = np.argsort(x, kind="stable")
+    ordered = x[order]
+    new = np.r_[True, ordered[1:] != ordered[:-1]]  # first element of each tie group
+    starts = np.flatnonzero(new)
+    ends = np.r_[starts[1:], len(x)]
+    average = (starts + ends + 1) / 2  # mean of the 1-based ranks start+1 .. end
+    ranks = np.empty(len(x))
+    ranks[order] = average[np.cumsum(new) - 1]
+    return ranks
+
+
+def pearson(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float:
+    """Pearson correlation; NaN when either side is constant or has fewer than 2 values."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"pearson needs two 1-D arrays of one length, got {x.shape} and {y.shape}")
+    if len(x) < 2:
+        return math.nan
+    dx, dy = x - x.mean(), y - y.mean()
+    denom = math.sqrt(float(dx @ dx) * float(dy @ dy))
+    return float(np.clip(dx @ dy / denom, -1.0, 1.0)) if denom > 0 else math.nan
+
+
+def spearman(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float:
+    """Spearman rank correlation (Pearson of average ranks); NaN when a side is constant."""
+    return pearson(rankdata(x), rankdata(y))
+
+
+# ----------------------------------------------------------------------------- one path
+
+
+@dataclass
+class PrefixEval:
+    """Answers to ``Q`` queries after each of ``R`` prefix rows (one row per subset).
+
+    ``loss``: (R, Q) float32, the per-query loss of the gold answer (gold-verbaliser NLL, or
+    the cross-entropy over the label set); ``correct``: (R, Q) float32, the task's metric;
+    ``pred``: (R, Q) long, the predicted label index (-1 for generative tasks);
+    ``prompt_length``: (R,) long, real tokens of each row's prompt; ``cache_length``: cache
+    slots per row; ``logits``: (R, Q, V) float32 answer-position logits, or None once dropped;
+    ``cost``: FLOPs and seconds to build the caches and answer the queries (all rows).
+    """
+
+    loss: Tensor
+    correct: Tensor
+    pred: Tensor
+    prompt_length: Tensor
+    cache_length: int
+    logits: Tensor | None = None
+    cost: Cost = field(default_factory=Cost)
+
+    @property
+    def rows(self) -> int:
+        return self.loss.shape[0]
+
+    def subset_loss(self) -> Tensor:
+        """(R,) mean loss over the queries: the score demonstration selection ranks by."""
+        return self.loss.mean(1)
+
+    def subset_acc(self) -> Tensor:
+        """(R,) mean metric over the queries."""
+        return self.correct.mean(1)
+
+    def without_logits(self) -> PrefixEval:
+        return PrefixEval(self.loss, self.correct, self.pred, self.prompt_length, self.cache_length, None, self.cost)
+
+    @staticmethod
+    def cat(evals: Sequence[PrefixEval]) -> PrefixEval:
+        """Rows of several evaluations (same queries) stacked; logits kept only if all have them."""
+        if not evals:
+            raise ValueError("PrefixEval.cat needs at least one evaluation")
+        logits = [e.logits for e in evals]
+        total = Cost()
+        for e in evals:
+            total = total + e.cost
+        return PrefixEval(
+            loss=torch.cat([e.loss for e in evals]),
+            correct=torch.cat([e.correct for e in evals]),
+            pred=torch.cat([e.pred for e in evals]),
+            prompt_length=torch.cat([e.prompt_length for e in evals]),
+            cache_length=max(e.cache_length for e in evals),
+            logits=None if any(z is None for z in logits) else torch.cat(logits),
+            cost=total,
+        )
+
+
+@dataclass
+class LogitAgreement:
+    """Per-(row, query) agreement of answer-position logits with a reference path.
+
+    ``rel_err``: (R, Q) ``||z - z_ref||_2 / ||z_ref||_2``; ``kl``: (R, Q)
+    ``KL(softmax(z_ref) || softmax(z))`` in nats; ``top1``: (R, Q) bool, equal argmax.
+    """
+
+    rel_err: Tensor
+    kl: Tensor
+    top1: Tensor
+
+    @staticmethod
+    def cat(parts: Sequence[LogitAgreement]) -> LogitAgreement:
+        return LogitAgreement(*(torch.cat([getattr(p, f) for p in parts]) for f in ("rel_err", "kl", "top1")))
+
+
+def logit_agreement(z_ref: Tensor, z: Tensor) -> LogitAgreement:
+    """Compare logits ``z`` with reference logits ``z_ref``, both ``(..., V)``; results ``(...)``."""
+    if z_ref.shape != z.shape:
+        raise ValueError(f"logits of shape {tuple(z.shape)} cannot be compared with {tuple(z_ref.shape)}")
+    z_ref, z = z_ref.double(), z.double()  # KL of near-equal distributions needs the precision
+    rel = (z - z_ref).norm(dim=-1) / z_ref.norm(dim=-1)
+    logp_ref, logp = z_ref.log_softmax(-1), z.log_softmax(-1)
+    kl = (logp_ref.exp() * (logp_ref - logp)).sum(-1).clamp(min=0.0)  # rounding can dip below 0
+    top1 = z.argmax(-1) == z_ref.argmax(-1)
+    return LogitAgreement(rel.float(), kl.float(), top1)
+
+
+_LOGITS_TO_KEEP: dict[type, bool] = {}
+
+
+def _logits_to_keep(model: PreTrainedModel) -> dict[str, int]:
+    cls = type(model)
+    if cls not in _LOGITS_TO_KEEP:
+        _LOGITS_TO_KEEP[cls] = "logits_to_keep" in inspect.signature(model.forward).parameters
+    return {"logits_to_keep": 1} if _LOGITS_TO_KEEP[cls] else {}
+
+
+def answer_logits(
+    model: PreTrainedModel, prefixes: K.PrefixCache, suffixes: Sequence[Sequence[int]], rows: Sequence[int]
+) -> Tensor:
+    """Answer-position logits of ``suffixes[i]`` after prefix row ``rows[i]``: ``(n, V)`` float32.
+
+    The fast path: one forward over left-padded suffixes (so the answer position is the last
+    column and only its logits are computed).
+    """
+    if len(suffixes) != len(rows):
+        raise ValueError(f"{len(suffixes)} suffixes but {len(rows)} prefix rows; expected equal")
+    device = prefixes.mask.device
+    width = max(len(s) for s in suffixes)
+    ids = torch.zeros((len(suffixes), width), dtype=torch.long)
+    mask = torch.zeros((len(suffixes), width), dtype=torch.bool)
+    for b, s in enumerate(suffixes):
+        if not s:
+            raise ValueError(f"suffix {b} is empty; expected at least one token")
+        ids[b, width - len(s) :] = torch.tensor(list(s), dtype=torch.long)
+        mask[b, width - len(s) :] = True
+    sub = prefixes.select(list(rows))
+    with torch.no_grad():
+        out = K.forward_with_prefix(model, sub, ids.to(device), mask.to(device), **_logits_to_keep(model))
+    return out.logits[:, -1].float()  # (n, V)
+
+
+def answer_logits_ref(
+    model: PreTrainedModel, prefixes: K.PrefixCache, suffixes: Sequence[Sequence[int]], rows: Sequence[int]
+) -> Tensor:
+    """Reference for :func:`answer_logits`: one unpadded forward per pair. ``(n, V)`` float32."""
+    device = prefixes.mask.device
+    out = []
+    with torch.no_grad():
+        for s, r in zip(suffixes, rows, strict=True):
+            ids = torch.tensor([list(s)], dtype=torch.long, device=device)  # (1, q)
+            out.append(K.forward_with_prefix(model, prefixes.select([r]), ids).logits[0, -1].float())
+    return torch.stack(out)  # (n, V)
+
+
+def evaluate_prefixes(
+    model: PreTrainedModel,
+    builder: P.PromptBuilder,
+    prefixes: K.PrefixCache,
+    queries: Sequence[T.Example],
+    *,
+    loss: str = "nll",
+    query_batch: int = 16,
+    keep_logits: bool = True,
+    max_new_tokens: int = 32,
+) -> PrefixEval:
+    """Answer every query after every prefix row: ``R = prefixes.batch_size`` rows, ``Q`` queries.
+
+    Classification: the label scores are the verbalisers' log-likelihoods
+    (:func:`icl_ssm.prompts.score_labels`; read off the answer-position logits when every
+    verbaliser is one token); the prediction is their argmax and the loss is the gold
+    verbaliser's NLL (``loss="nll"``, as ``answer_loss(normalize=False)``) or the cross-entropy
+    over the label set (``"ce"``, as ``answer_loss(normalize=True)``). Generative: the loss is
+    ``answer_loss`` and the metric is ``task.score`` of a greedy answer (slow).
+
+    Pairs are processed ``query_batch`` at a time, so memory is that many copies of a row's
+    cache. Returns a :class:`PrefixEval` (its ``cost`` is left for the caller to fill).
+    """
+    if loss not in LOSSES:
+        raise ValueError(f"loss={loss!r}; accepted: {', '.join(LOSSES)}")
+    if not queries:
+        raise ValueError("no queries: expected at least one")
+    if query_batch < 1:
+        raise ValueError(f"query_batch={query_batch}; expected >= 1")
+    task = builder.task
+    classification = task.kind == "classification"
+    if loss == "ce" and not classification:
+        raise ValueError(f"loss='ce' (cross-entropy over the label set) needs a classification task; "
+                         f"task {task.name!r} is {task.kind!r}: use loss='nll'")
+    R, Q = prefixes.batch_size, len(queries)
+    suffixes = [builder.build_suffix(q).input_ids for q in queries]
+    pairs = [(r, q) for r in range(R) for q in range(Q)]  # pair r * Q + q
+    if classification:
+        labels = builder.label_ids()
+        gold = torch.tensor([builder.label_index(q) for q in queries])  # (Q,)
+        single = all(len(ids) == 1 for ids in labels)
+        label_tokens = torch.tensor([ids[0] for ids in labels]) if single else None
+    logits, scores, losses, correct = [], [], [], []
+    for start in range(0, len(pairs), query_batch):
+        chunk = pairs[start : start + query_batch]
+        rows = [r for r, _ in chunk]
+        sfx = [suffixes[q] for _, q in chunk]
+        z = answer_logits(model, prefixes, sfx, rows)  # (n, V)
+        if keep_logits:
+            logits.append(z.cpu())
+        if classification:
+            if label_tokens is not None:
+                scores.append(z.log_softmax(-1)[:, label_tokens.to(z.device)].cpu())  # (n, n_labels)
+            else:
+                sub = prefixes.select(rows)
+                scores.append(P.score_labels(model, builder, sfx, prefix=sub, batch_size=query_batch).cpu())
+        else:
+            sub = prefixes.select(rows)
+            examples = [queries[q] for _, q in chunk]
+            losses.append(P.answer_loss(model, builder, sfx, examples, prefix=sub, batch_size=query_batch).cpu())
+            answers = P.generate_answers(model, builder, sfx, prefix=sub, max_new_tokens=max_new_tokens,
+                                         batch_size=query_batch)
+            correct.append(torch.tensor([task.score(a, e) for a, e in zip(answers, examples, strict=True)]))
+    if classification:
+        s = torch.cat(scores).view(R, Q, -1)  # (R, Q, n_labels)
+        g = gold[None].expand(R, Q)
+        if loss == "nll":
+            per_query = -s.gather(-1, g[..., None])[..., 0]
+        else:
+            per_query = -s.log_softmax(-1).gather(-1, g[..., None])[..., 0]
+        pred = s.argmax(-1)  # (R, Q)
+        hits = (pred == g).float()
+    else:
+        per_query = torch.cat(losses).view(R, Q)
+        hits = torch.cat(correct).float().view(R, Q)
+        pred = torch.full((R, Q), -1, dtype=torch.long)
+    return PrefixEval(
+        loss=per_query.float(),
+        correct=hits,
+        pred=pred,
+        prompt_length=prefixes.prompt_length.cpu(),
+        cache_length=prefixes.length,
+        logits=torch.cat(logits).view(R, Q, -1) if keep_logits else None,
+    )
+
+
+# ----------------------------------------------------------------------------- several paths
+
+
+def cache_paths(
+    model: PreTrainedModel,
+    compressor: SSMCompressor,
+    *,
+    control: SSMCompressor | None = None,
+    n_window: int | None = None,
+) -> dict[str, CacheBuilder]:
+    """The cache builders ``icl-ssm fidelity`` compares: ``dense`` (the teacher's own K/V),
+    ``compressed``, ``control`` (when given) and ``window`` (the compressor's sinks + the last
+    ``n_window`` prompt tokens, default its ``num_virtual``, same position convention)."""
+    c = compressor.config
+    n_window = c.num_virtual if n_window is None else n_window
+    if n_window < 0:
+        raise ValueError(f"n_window={n_window}: expected >= 0 prompt tokens")
+    paths: dict[str, CacheBuilder] = {
+        "dense": lambda ids, mask: K.exact_cache(model, ids, mask),
+        "compressed": lambda ids, mask: K.compressed_cache(model, compressor, ids, mask),
+    }
+    if control is not None:
+        paths["control"] = lambda ids, mask: K.compressed_cache(model, control, ids, mask)
+    paths["window"] = lambda ids, mask: K.window_cache(model, ids, mask, c.num_sink, n_window, c.position)
+    return paths
+
+
+def evaluate_paths(
+    model: PreTrainedModel,
+    builder: P.PromptBuilder,
+    prefixes: Sequence[P.PromptLike],
+    queries: Sequence[T.Example],
+    paths: dict[str, CacheBuilder],
+    *,
+    reference: str = "dense",
+    loss: str = "nll",
+    batch: int = 4,
+    query_batch: int = 16,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, tuple[PrefixEval, LogitAgreement | None]]:
+    """Every prefix (one per subset) through every cache builder, ``batch`` subsets at a time.
+
+    Returns, per path, its :class:`PrefixEval` (without logits) and its
+    :class:`LogitAgreement` with the ``reference`` path (None for the reference itself).
+    Each path's ``cost`` covers building its caches and answering all queries; the logit
+    comparison is not counted. ``progress(n)`` is called after each batch of ``n`` subsets.
+    """
+    if reference not in paths:
+        raise ValueError(f"reference path {reference!r} is not among the paths {', '.join(paths)}")
+    if not prefixes:
+        raise ValueError("no subsets: expected at least one prefix")
+    if batch < 1:
+        raise ValueError(f"batch={batch}; expected >= 1 subsets per batch")
+    order = [reference, *(name for name in paths if name != reference)]
+    pad_id = getattr(model.config.get_text_config(), "pad_token_id", None)
+    pad_id = pad_id if isinstance(pad_id, int) and pad_id >= 0 else 0  # masked anyway
+    device = model.device
+    with torch.no_grad():  # warm-up: lazily built state (the SSM's powers) is not timed
+        ids, mask = pad_right(prefixes[:1], pad_id)
+        for name in order:
+            paths[name](ids.to(device), mask.to(device))
+    evals: dict[str, list[PrefixEval]] = {name: [] for name in order}
+    agreements: dict[str, list[LogitAgreement]] = {name: [] for name in order}
+    for start in range(0, len(prefixes), batch):
+        ids, mask = pad_right(prefixes[start : start + batch], pad_id)  # (B, T) each
+        ids, mask = ids.to(device), mask.to(device)
+        ref_logits = None
+        for name in order:
+            with torch.no_grad(), measure(device) as cost:
+                cache = paths[name](ids, mask)
+                ev = evaluate_prefixes(model, builder, cache, queries, loss=loss, query_batch=query_batch)
+            ev.cost = cost
+            if name == reference:
+                ref_logits = ev.logits
+            else:
+                agreements[name].append(logit_agreement(ref_logits, ev.logits))
+            evals[name].append(ev.without_logits())
+        if progress is not None:
+            progress(ids.shape[0])
+    return {
+        name: (PrefixEval.cat(evals[name]), LogitAgreement.cat(agreements[name]) if agreements[name] else None)
+        for name in order
+    }
+
+
+def _num(value: float | Tensor) -> float | None:
+    """A finite float for JSON, None for NaN (e.g. a correlation with a constant side)."""
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def fidelity_report(dense: PrefixEval, other: PrefixEval, agreement: LogitAgreement | None = None) -> dict:
+    """Summary of ``other`` against ``dense`` over the same subsets and queries.
+
+    ``agreement``: the per-pair logit comparison, if already computed (streamed); else it is
+    computed from both evaluations' logits. Keys: ``rel_logit_err``, ``kl``, ``top1_agree``,
+    ``label_agree`` (same predicted label; None for generative tasks), ``acc_dense``,
+    ``acc_compressed``, ``subset_loss_spearman``, ``subset_loss_pearson`` (None when a side is
+    constant over the subsets, as a control's is), ``dense_subset_loss_mean``/``_std``,
+    ``dense_subset_acc_min``/``_max``, ``compressed_subset_loss_mean``, ``flops_*`` and
+    ``seconds_*`` (per subset: build its caches and answer all its queries).
+    """
+    if dense.loss.shape != other.loss.shape:
+        raise ValueError(f"evaluations of shape {tuple(dense.loss.shape)} and {tuple(other.loss.shape)} "
+                         "cover different subsets or queries")
+    if agreement is None:
+        if dense.logits is None or other.logits is None:
+            raise ValueError("fidelity_report needs the logits of both evaluations, or a precomputed agreement")
+        agreement = logit_agreement(dense.logits, other.logits)
+    S = dense.rows
+    dense_loss, other_loss = dense.subset_loss().numpy(), other.subset_loss().numpy()
+    dense_acc = dense.subset_acc()
+    return {
+        "rel_logit_err": _num(agreement.rel_err.mean()),
+        "kl": _num(agreement.kl.mean()),
+        "top1_agree": _num(agreement.top1.float().mean()),
+        "label_agree": _num((dense.pred == other.pred).float().mean()) if (dense.pred >= 0).all() else None,
+        "acc_dense": _num(dense.correct.mean()),
+        "acc_compressed": _num(other.correct.mean()),
+        "subset_loss_spearman": _num(spearman(dense_loss, other_loss)),
+        "subset_loss_pearson": _num(pearson(dense_loss, other_loss)),
+        "dense_subset_loss_mean": _num(dense_loss.mean()),
+        "dense_subset_loss_std": _num(dense_loss.std(ddof=1)) if S > 1 else None,
+        "dense_subset_acc_min": _num(dense_acc.min()),
+        "dense_subset_acc_max": _num(dense_acc.max()),
+        "compressed_subset_loss_mean": _num(other_loss.mean()),
+        "flops_dense": dense.cost.flops / S,
+        "flops_compressed": other.cost.flops / S,
+        "seconds_dense": dense.cost.seconds / S,
+        "seconds_compressed": other.cost.seconds / S,
+    }
+
+
+# keys of fidelity_report that describe the other path, and their names under a prefix
+_OTHER_KEYS = {
+    "rel_logit_err": "rel_logit_err", "kl": "kl", "top1_agree": "top1_agree", "label_agree": "label_agree",
+    "acc_compressed": "acc", "subset_loss_spearman": "subset_loss_spearman",
+    "subset_loss_pearson": "subset_loss_pearson", "compressed_subset_loss_mean": "subset_loss_mean",
+    "flops_compressed": "flops", "seconds_compressed": "seconds",
+}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+@dataclass
+class FidelityConfig:
+    """Everything ``icl-ssm fidelity`` was asked; saved in its report."""
+
+    model: str = DEFAULT_MODEL
+    task: str = ""
+    k: int = 8
+    compressor: str = ""
+    control: str | None = None
+    subsets: int = 30
+    queries: int = 32
+    seed: int = 0
+    loss: str = "nll"
+    n_window: int | None = None  # default: the compressor's num_virtual
+    batch: int = 4  # subsets per cache batch
+    query_batch: int = 16  # (subset, query) pairs per forward
+    chat: bool = False
+
+    def check(self) -> None:
+        if self.subsets < 1:
+            raise ValueError(f"--subsets {self.subsets}: expected at least 1 subset")
+        if self.queries < 1:
+            raise ValueError(f"--queries {self.queries}: expected at least 1 query")
+        if self.loss not in LOSSES:
+            raise ValueError(f"--loss {self.loss!r}; accepted: {', '.join(LOSSES)}")
+        if self.n_window is not None and self.n_window < 0:
+            raise ValueError(f"--n-window {self.n_window}: expected >= 0 prompt tokens")
+        if self.batch < 1 or self.query_batch < 1:
+            raise ValueError(f"--batch {self.batch} / --query-batch {self.query_batch}: expected >= 1")
+
+
+def run_fidelity(
+    config: FidelityConfig,
+    *,
+    progress: Callable[[int], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> dict:
+    """Load what ``config`` names, evaluate every path and return the report dict.
+
+    ``on_start(total_subsets)`` is called once the work is known, ``progress(n)`` after each
+    batch of ``n`` subsets.
+    """
+    config.check()
+    model, tokenizer = load_model(config.model)
+    compressor = load_compressor(config.compressor, model.config)
+    control = None
+    if config.control is not None:
+        control = load_compressor(config.control, model.config)
+        if not control.config.control:
+            raise ValueError(
+                f"--control {config.control!r} is not a control compressor (its config has control=False); "
+                "expected a prompt-independent compressor saved with SSMCompressorConfig(control=True)"
+            )
+    task = T.get_task(config.task)
+    splits = T.split(task, seed=config.seed)
+    if config.queries > len(splits.validation):
+        raise ValueError(f"--queries {config.queries}: task {task.name!r} has only "
+                         f"{len(splits.validation)} validation examples; ask for at most that many")
+    queries = splits.validation[: config.queries]  # the validation split is already shuffled
+    rng = np.random.default_rng(config.seed)
+    subsets = sample_subsets(splits.pool, config.k, config.subsets, rng)
+    builder = P.PromptBuilder.for_model(model, tokenizer, task, chat=config.chat)
+    prefixes = [builder.build_prefix([splits.pool[i] for i in subset]) for subset in subsets]
+    paths = cache_paths(model, compressor, control=control, n_window=config.n_window)
+    if on_start is not None:
+        on_start(len(prefixes))
+    results = evaluate_paths(model, builder, prefixes, queries, paths, loss=config.loss, batch=config.batch,
+                             query_batch=config.query_batch, progress=progress)
+    dense = results["dense"][0]
+    c = compressor.config
+    report: dict[str, Any] = {
+        "model": config.model,
+        "task": task.name,
+        "k": config.k,
+        "subsets": len(subsets),
+        "queries": len(queries),
+        "seed": config.seed,
+        "loss": config.loss,
+        "prompt_tokens_mean": _num(dense.prompt_length.float().mean()),
+        "cache_tokens": c.cache_length,
+        "num_sink": c.num_sink,
+        "num_virtual": c.num_virtual,
+        "position": c.position,
+        "n_window": c.num_virtual if config.n_window is None else config.n_window,
+        "compressor_control": bool(c.control),
+    }
+    report.update(fidelity_report(dense, *results["compressed"]))
+    for name in ("control", "window"):
+        if name in results:
+            sub = fidelity_report(dense, *results[name])
+            report.update({f"{name}_{new}": sub[old] for old, new in _OTHER_KEYS.items()})
+    report["config"] = asdict(config)
+    return report
+
+
+def _main(args: argparse.Namespace) -> int:
+    config = FidelityConfig(
+        model=args.model, task=args.task, k=args.k, compressor=args.compressor, control=args.control,
+        subsets=args.subsets, queries=args.queries, seed=args.seed, loss=args.loss, n_window=args.n_window,
+        batch=args.batch, query_batch=args.query_batch, chat=args.chat,
+    )  # fmt: skip
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    stderr = Console(stderr=True)
+    with Progress(TextColumn("fidelity"), BarColumn(), MofNCompleteColumn(), TextColumn("subsets"),
+                  TimeElapsedColumn(), console=stderr, transient=True) as bar:
+        job = bar.add_task("subsets", total=None)
+        report = run_fidelity(config, on_start=lambda n: bar.update(job, total=n),
+                              progress=lambda n: bar.advance(job, n))
+    report["argv"] = getattr(args, "argv", None)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"{report['model']} - {report['task']} - k={report['k']} - fidelity", show_header=False)
+    for key, value in report.items():
+        if key in ("config", "argv"):
+            continue
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    Console().print(table)
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "fidelity",
+        help="how closely a compressed cache reproduces the dense prompt on held-out subsets",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, hub id or local directory")
+    p.add_argument("--task", required=True, help="task whose pool the subsets come from")
+    p.add_argument("--k", type=int, default=8, help="demonstrations per subset")
+    p.add_argument("--compressor", required=True, help="directory of a saved compressor")
+    p.add_argument("--control", help="directory of a control compressor (config control=True) to report beside it")
+    p.add_argument("--subsets", type=int, default=30, help="held-out demonstration subsets")
+    p.add_argument("--queries", type=int, default=32, help="validation queries per subset")
+    p.add_argument("--seed", type=int, default=0, help="splits and subsets")
+    p.add_argument("--loss", choices=LOSSES, default="nll",
+                   help="per-query loss: gold-verbaliser NLL, or cross-entropy over the label set")
+    p.add_argument("--n-window", type=int, default=None,
+                   help="prompt tokens the window comparator keeps (default: the compressor's num_virtual)")
+    p.add_argument("--batch", type=int, default=4, help="subsets per cache batch")
+    p.add_argument("--query-batch", type=int, default=16, help="(subset, query) pairs per forward")
+    p.add_argument("--chat", action="store_true", help="format through the tokenizer's chat template")
+    p.add_argument("--json", action="store_true", help="print only the JSON report on stdout")
+    p.set_defaults(func=_main)
+
+
+__all__ = [
+    "LOSSES",
+    "CacheBuilder",
+    "FidelityConfig",
+    "LogitAgreement",
+    "PrefixEval",
+    "answer_logits",
+    "answer_logits_ref",
+    "cache_paths",
+    "evaluate_paths",
+    "evaluate_prefixes",
+    "fidelity_report",
+    "logit_agreement",
+    "pad_right",
+    "pearson",
+    "rankdata",
+    "sample_subsets",
+    "spearman",
+]

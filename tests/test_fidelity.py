@@ -1,0 +1,242 @@
+"""icl-ssm fidelity: the core functions against references, and the command end to end.
+
+Tiny random models only (no download). The command reads a user .jsonl task written from
+a small generated coin_flip task, so no test pays for generating the default 2100 examples.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+from helpers import MULTI_EXAMPLES, QA_EXAMPLES, multi_token_task, qa_task
+
+from icl_ssm import cache as K
+from icl_ssm import fidelity as F
+from icl_ssm import prompts as P
+from icl_ssm import tasks as T
+from icl_ssm.cli import main
+from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
+from icl_ssm.models import tiny_model, tiny_tokenizer
+
+SMALL = dict(state_size=16, num_virtual=4, num_sink=2, latent_size=8)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama"), tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def coin():
+    task = T.get_task("coin_flip", size=120)
+    return task, T.split(task, seed=0)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, coin):
+    """A .jsonl task, a compressor, a control compressor and one for another teacher."""
+    root = tmp_path_factory.mktemp("fidelity")
+    task, _ = coin
+    data = root / "coin.jsonl"
+    data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n" for e in task.examples()))
+    teacher = tiny_model("llama").config
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        SSMCompressor(SSMCompressorConfig.for_teacher(teacher, **SMALL)).save_pretrained(root / "comp")
+        SSMCompressor(SSMCompressorConfig.for_teacher(teacher, control=True, **SMALL)).save_pretrained(root / "ctl")
+        other = tiny_model("qwen2").config
+        SSMCompressor(SSMCompressorConfig.for_teacher(other, **SMALL)).save_pretrained(root / "qwen")
+    return {"data": str(data), "comp": str(root / "comp"), "ctl": str(root / "ctl"), "qwen": str(root / "qwen")}
+
+
+def run_json(capsys, *argv):
+    assert main(["fidelity", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def cli_args(files, *extra):
+    return ["--model", "tiny-llama", "--task", files["data"], "--k", "3", "--compressor", files["comp"],
+            "--subsets", "5", "--queries", "3", "--batch", "2", "--query-batch", "4", *extra]
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_spearman_matches_scipy_with_ties(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 5, size=40).astype(float)  # many ties
+    y = x + rng.integers(0, 3, size=40)
+    np.testing.assert_allclose(F.rankdata(x), scipy.stats.rankdata(x))
+    assert F.spearman(x, y) == pytest.approx(scipy.stats.spearmanr(x, y).statistic, abs=1e-12)
+    assert F.pearson(x, y) == pytest.approx(scipy.stats.pearsonr(x, y).statistic, abs=1e-12)
+
+
+def test_correlation_of_a_constant_is_nan():
+    assert math.isnan(F.spearman([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]))
+    assert math.isnan(F.pearson([1.0], [2.0]))
+
+
+def test_sample_subsets_deterministic_distinct_and_checked():
+    a = F.sample_subsets(10, 4, 6, np.random.default_rng(3))
+    assert a == F.sample_subsets(10, 4, 6, np.random.default_rng(3))
+    assert a != F.sample_subsets(10, 4, 6, np.random.default_rng(4))
+    assert all(len(s) == 4 == len(set(s)) and all(0 <= i < 10 for i in s) for s in a)
+    with pytest.raises(ValueError, match="k=11 demonstrations requested but the candidate pool has only 10"):
+        F.sample_subsets(list(range(10)), 11, 1, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="subsets=0"):
+        F.sample_subsets(10, 2, 0, np.random.default_rng(0))
+
+
+# ----------------------------------------------------------------------------- core vs references
+
+
+def _prefixes(llama, task, splits, n=3, k=2, seed=0):
+    model, tokenizer = llama
+    builder = P.PromptBuilder.for_model(model, tokenizer, task)
+    subsets = F.sample_subsets(splits.pool, k, n, np.random.default_rng(seed))
+    demos = [[splits.pool[i] for i in s] for s in subsets]
+    return builder, demos, [builder.build_prefix(d) for d in demos]
+
+
+def test_answer_logits_fast_matches_reference(llama, coin):
+    model, _ = llama
+    builder, _, prefixes = _prefixes(llama, *coin)
+    ids, mask = F.pad_right(prefixes)
+    cache = K.exact_cache(model, ids, mask)
+    suffixes = [builder.build_suffix(q).input_ids for q in coin[1].validation[:4]]
+    rows = [0, 2, 1, 2]
+    fast = F.answer_logits(model, cache, suffixes, rows)
+    torch.testing.assert_close(fast, F.answer_logits_ref(model, cache, suffixes, rows), atol=1e-4, rtol=1e-4)
+
+
+def test_dense_path_reproduces_full_prompts_and_answer_loss(llama, coin):
+    """Loss and prediction after the exact cache == scoring the whole dense prompt."""
+    model, _ = llama
+    task, splits = coin
+    builder, demos, prefixes = _prefixes(llama, task, splits)
+    queries = splits.validation[:3]
+    ids, mask = F.pad_right(prefixes)
+    ev = F.evaluate_prefixes(model, builder, K.exact_cache(model, ids, mask), queries, query_batch=4)
+    full = [builder.build(d, q) for d in demos for q in queries]
+    gold = [q for _ in demos for q in queries]
+    nll = P.answer_loss(model, builder, full, gold).view(3, 3)
+    torch.testing.assert_close(ev.loss, nll, atol=1e-4, rtol=1e-4)
+    assert ev.pred.flatten().tolist() == [task.labels.index(p) for p in P.predict_labels(model, builder, full)]
+    ce = F.evaluate_prefixes(model, builder, K.exact_cache(model, ids, mask), queries, loss="ce")
+    torch.testing.assert_close(ce.loss, P.answer_loss(model, builder, full, gold, normalize=True).view(3, 3),
+                               atol=1e-4, rtol=1e-4)
+    assert ev.logits.shape == (3, 3, model.config.vocab_size)
+
+
+@pytest.mark.parametrize("make_task, examples", [(multi_token_task, MULTI_EXAMPLES), (qa_task, QA_EXAMPLES)])
+def test_multi_token_and_generative_paths_match_answer_loss(llama, make_task, examples):
+    model, tokenizer = llama
+    builder = P.PromptBuilder.for_model(model, tokenizer, make_task())
+    demos = [list(examples[:2]), list(examples[1:3])]
+    ids, mask = F.pad_right([builder.build_prefix(d) for d in demos])
+    cache = K.exact_cache(model, ids, mask)
+    queries = list(examples[2:]) + list(examples[:1])
+    ev = F.evaluate_prefixes(model, builder, cache, queries, query_batch=3, max_new_tokens=4)
+    rows = [r for r in range(2) for _ in queries]
+    sfx = [builder.build_suffix(q) for _ in demos for q in queries]
+    ref = P.answer_loss(model, builder, sfx, queries * 2, prefix=cache.select(rows))
+    torch.testing.assert_close(ev.loss.flatten(), ref, atol=1e-4, rtol=1e-4)
+    assert ((ev.correct == 0) | (ev.correct == 1)).all()
+
+
+def test_exact_cache_as_the_other_path_agrees_perfectly(llama, coin):
+    model, _ = llama
+    task, splits = coin
+    builder, _, prefixes = _prefixes(llama, task, splits, n=6, k=3)
+    exact = lambda ids, mask: K.exact_cache(model, ids, mask)  # noqa: E731
+    ticks = []
+    results = F.evaluate_paths(model, builder, prefixes, splits.validation[:4], {"dense": exact, "other": exact},
+                               batch=4, query_batch=5, progress=ticks.append)
+    assert ticks == [4, 2] and results["dense"][1] is None
+    report = F.fidelity_report(results["dense"][0], *results["other"])
+    assert report["rel_logit_err"] < 1e-5 and report["kl"] < 1e-7
+    assert report["top1_agree"] == 1.0 and report["label_agree"] == 1.0
+    assert report["subset_loss_spearman"] == pytest.approx(1.0)
+    assert report["acc_dense"] == report["acc_compressed"]
+    assert report["flops_dense"] > 0 and report["seconds_dense"] > 0
+
+
+def test_fidelity_report_from_logits_equals_streamed_agreement(llama, coin):
+    model, _ = llama
+    task, splits = coin
+    builder, _, prefixes = _prefixes(llama, task, splits, n=4)
+    ids, mask = F.pad_right(prefixes)
+    comp = SSMCompressor(SSMCompressorConfig.for_teacher(model.config, **SMALL)).eval()
+    queries = splits.validation[:3]
+    with torch.no_grad():
+        dense = F.evaluate_prefixes(model, builder, K.exact_cache(model, ids, mask), queries)
+        other = F.evaluate_prefixes(model, builder, K.compressed_cache(model, comp, ids, mask), queries)
+    direct = F.fidelity_report(dense, other)
+    streamed = F.fidelity_report(dense.without_logits(), other.without_logits(),
+                                 F.logit_agreement(dense.logits, other.logits))
+    assert direct == streamed
+    assert 0 < direct["rel_logit_err"] and direct["kl"] >= 0
+    with pytest.raises(ValueError, match="needs the logits"):
+        F.fidelity_report(dense.without_logits(), other.without_logits())
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+RATES = ("top1_agree", "label_agree", "acc_dense", "acc_compressed", "dense_subset_acc_min", "dense_subset_acc_max")
+KEYS = ("rel_logit_err", "kl", "subset_loss_spearman", "subset_loss_pearson", "dense_subset_loss_mean",
+        "dense_subset_loss_std", "flops_dense", "flops_compressed", "seconds_dense", "seconds_compressed",
+        "model", "task", "k", "subsets", "queries", "seed", "prompt_tokens_mean", "cache_tokens", *RATES)
+
+
+def test_command_reports_every_metric_in_range(capsys, files):
+    out = run_json(capsys, *cli_args(files, "--control", files["ctl"]))
+    for key in KEYS:
+        assert key in out, key
+    assert (out["subsets"], out["queries"], out["k"], out["cache_tokens"]) == (5, 3, 3, 6)
+    for key in RATES + ("control_acc", "window_acc", "control_top1_agree", "window_top1_agree"):
+        assert 0 <= out[key] <= 1, key
+    for prefix in ("", "control_", "window_"):
+        assert out[f"{prefix}kl"] >= 0 and out[f"{prefix}rel_logit_err"] >= 0
+        rho = out[f"{prefix}subset_loss_spearman"]
+        assert rho is None or -1 <= rho <= 1  # None: a control's losses are constant over subsets
+    assert out["flops_compressed"] < out["flops_dense"]
+    assert out["prompt_tokens_mean"] > out["cache_tokens"]
+    assert out["window_rel_logit_err"] >= 0 and out["n_window"] == 4
+
+
+def test_command_without_control_and_determinism(capsys, files):
+    first = run_json(capsys, *cli_args(files, "--loss", "ce"))
+    second = run_json(capsys, *cli_args(files, "--loss", "ce"))
+    assert not any(key.startswith("control_") for key in first)
+    assert "window_subset_loss_spearman" in first and first["loss"] == "ce"
+    timing = lambda r: {k: v for k, v in r.items() if "seconds" not in k}  # noqa: E731
+    assert timing(first) == timing(second)
+
+
+def test_command_prints_a_table(capsys, files):
+    assert main(["fidelity", *cli_args(files, "--subsets", "2")]) == 0
+    assert "subset_loss_spearman" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--k", "500"], r"k=500 demonstrations requested but the candidate pool has only \d+"),
+        (["--subsets", "0"], "--subsets 0: expected at least 1"),
+        (["--queries", "0"], "--queries 0: expected at least 1"),
+        (["--queries", "999"], r"--queries 999: task .* has only \d+ validation examples"),
+        (["--control", "COMP"], "is not a control compressor"),
+        (["--compressor", "QWEN"], "cannot serve this model: head_dim"),
+        (["--compressor", "/nonexistent"], "compressor directory '/nonexistent' does not exist"),
+        (["--n-window", "-1"], "--n-window -1: expected >= 0"),
+    ],
+)
+def test_bad_inputs(capsys, files, extra, message):
+    extra = [{"COMP": files["comp"], "QWEN": files["qwen"]}.get(a, a) for a in extra]
+    assert main(["fidelity", *cli_args(files), *extra]) == 2
+    assert pytest.importorskip("re").search(message, capsys.readouterr().err)
