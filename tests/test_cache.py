@@ -232,3 +232,28 @@ def test_parameter_budget_of_the_paper_scale_teachers():
     qwen_budget = parameter_budget(qwen, 1_543_714_304)
     assert smol_budget["param_fraction"] <= 0.10
     assert qwen_budget["param_fraction"] <= 0.05
+
+
+def test_hybrid_cache_keeps_recent_tokens_on_top_of_the_summary(model):
+    comp = small_compressor(model, num_recent=3)
+    ids, mask = prompts(model, lengths=(9, 17, 12))
+    pc = K.compressed_cache(model, comp, ids, mask)
+    assert pc.length == 2 + 4 + 3 and pc.next_position.tolist() == [9, 9, 9]
+    query = torch.randint(5, model.config.vocab_size, (3, 4))
+    batched = K.forward_with_prefix(model, pc, query).logits
+    plain = small_compressor(model)  # the same weights without the recent tokens
+    plain.load_state_dict(comp.state_dict())
+    for b, L in enumerate(mask.sum(1).tolist()):
+        # the summary reads only the tokens before the recent ones; those are re-encoded on top
+        summary = K.compressed_cache(model, plain, ids[b : b + 1, : L - 3])
+        recent = K.forward_with_prefix(model, summary, ids[b : b + 1, L - 3 : L])
+        for layer in (0, -1):
+            torch.testing.assert_close(pc.keys[layer][b : b + 1], recent.past_key_values.layers[layer].keys,
+                                       rtol=1e-4, atol=1e-5)
+        alone = K.compressed_cache(model, comp, ids[b : b + 1, :L])
+        torch.testing.assert_close(K.forward_with_prefix(model, alone, query[b : b + 1]).logits[0], batched[b],
+                                   rtol=1e-4, atol=1e-5)
+    original = K.compressed_cache(model, small_compressor(model, num_recent=3, position="original"), ids, mask)
+    assert original.next_position.tolist() == [9, 17, 12]
+    with pytest.raises(ValueError, match="shorter than num_sink \\+ num_recent"):
+        K.compressed_cache(model, small_compressor(model, num_recent=30), ids, mask)

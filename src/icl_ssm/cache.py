@@ -12,7 +12,8 @@ Three ways to build one, sharing the query path:
 * :func:`exact_cache` - the teacher's own K/V of the whole prompt (a dense prefill). Queries
   answered from it reproduce dense logits: the check that injection is right.
 * :func:`compressed_cache` - exact K/V of the first ``num_sink`` prompt tokens (attention
-  sinks) followed by the compressor's ``num_virtual`` virtual tokens.
+  sinks) followed by the compressor's ``num_virtual`` virtual tokens (and, for a hybrid
+  compressor, the last ``num_recent`` prompt tokens re-encoded on top of them).
 * :func:`window_cache` - the untrained comparator of the same size: the sinks plus the
   last ``n_window`` prompt tokens, re-encoded on their own (StreamingLLM-style).
 
@@ -150,8 +151,19 @@ def compressed_cache(
     c = compressor.config
     mask = _check_prompt(input_ids, attention_mask)
     sinks = sink_kv(model, input_ids, mask, c.num_sink)
+    lengths = mask.sum(1)
+    if c.num_recent:
+        if (lengths < c.num_sink + c.num_recent).any():
+            raise ValueError(
+                f"prompts of {lengths.min().item()} tokens are shorter than num_sink + num_recent = "
+                f"{c.num_sink} + {c.num_recent}"
+            )
+        # the SSM reads everything before the recent tokens
+        summary_mask = torch.arange(mask.shape[1], device=mask.device)[None] < (lengths - c.num_recent)[:, None]
+    else:
+        summary_mask = mask
     embeds = model.get_input_embeddings()(input_ids)  # (B, T, H)
-    virtual = compressor(embeds.to(compressor.dtype), mask)
+    virtual = compressor(embeds.to(compressor.dtype), summary_mask)
     dtype = embeds.dtype
     keys = [virtual.keys[l].to(dtype) for l in range(c.teacher_num_layers)]
     values = [virtual.values[l].to(dtype) for l in range(c.teacher_num_layers)]
@@ -159,10 +171,19 @@ def compressed_cache(
         keys = [torch.cat([s, v], dim=2) for s, v in zip(sinks[0], keys)]
         values = [torch.cat([s, v], dim=2) for s, v in zip(sinks[1], values)]
     B = input_ids.shape[0]
-    lengths = mask.sum(1)
-    slot_mask = torch.ones(B, c.cache_length, dtype=torch.bool, device=input_ids.device)
-    start = torch.full_like(lengths, c.cache_length) if c.position == "compressed" else lengths
-    return PrefixCache(tuple(keys), tuple(values), slot_mask, next_position=start, prompt_length=lengths)
+    summary = c.num_sink + c.num_virtual
+    slot_mask = torch.ones(B, summary, dtype=torch.bool, device=input_ids.device)
+    start = torch.full_like(lengths, summary) if c.position == "compressed" else lengths - c.num_recent
+    prefix = PrefixCache(tuple(keys), tuple(values), slot_mask, next_position=start, prompt_length=lengths)
+    if not c.num_recent:
+        return prefix
+    # hybrid: re-encode the last num_recent real tokens on top of sinks + virtual tokens
+    cols = (lengths - c.num_recent)[:, None] + torch.arange(c.num_recent, device=input_ids.device)[None]
+    recent = input_ids.gather(1, cols)  # (B, w)
+    out = forward_with_prefix(model, prefix, recent)
+    keys, values = _kv_from_cache(out.past_key_values)
+    full_mask = torch.ones(B, c.cache_length, dtype=torch.bool, device=input_ids.device)
+    return PrefixCache(keys, values, full_mask, next_position=start + c.num_recent, prompt_length=lengths)
 
 
 def window_cache(

@@ -42,6 +42,12 @@ class SSMCompressorConfig(PreTrainedConfig):
     ``position``: where the query's position ids start after the compressed cache,
     ``"compressed"`` (the paper's code: at ``num_sink + num_virtual``, the cache length) or
     ``"original"`` (at the uncompressed prompt's length, as if the prompt were still there).
+
+    ``num_recent`` > 0 makes a hybrid cache: the last ``num_recent`` prompt tokens are kept as
+    real tokens, re-encoded by the teacher on top of the sinks and virtual tokens (which then
+    summarise only what comes before them). Recency carries much of what distinguishes one
+    demonstration subset from another; this keeps it exact for a cost of ``num_recent``
+    teacher tokens.
     """
 
     model_type = "icl_ssm_compressor"
@@ -58,6 +64,7 @@ class SSMCompressorConfig(PreTrainedConfig):
     num_groups: int = 4
     num_virtual: int = 16
     num_sink: int = 4
+    num_recent: int = 0
     latent_size: int = 128
     system: str = "time_invariant"
     dt: float = 0.01
@@ -74,8 +81,9 @@ class SSMCompressorConfig(PreTrainedConfig):
             value = getattr(self, name)
             if value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value}")
-        if self.num_sink < 0:
-            raise ValueError(f"num_sink must be >= 0, got {self.num_sink}")
+        for name in ("num_sink", "num_recent"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.num_groups > self.teacher_num_layers:
             raise ValueError(
                 f"num_groups={self.num_groups} exceeds the teacher's {self.teacher_num_layers} layers"
@@ -112,7 +120,7 @@ class SSMCompressorConfig(PreTrainedConfig):
 
     @property
     def cache_length(self) -> int:
-        return self.num_sink + self.num_virtual
+        return self.num_sink + self.num_virtual + self.num_recent
 
 
 def kv_heads(config: PreTrainedConfig) -> int:

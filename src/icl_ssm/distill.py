@@ -38,8 +38,8 @@ from icl_ssm import cache as K
 from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.teacher import TeacherCache, pad
 
-COMPRESSOR_FIELDS = ("state_size", "num_groups", "num_virtual", "num_sink", "latent_size", "system", "dt",
-                     "method", "control", "position")
+COMPRESSOR_FIELDS = ("state_size", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size", "system",
+                     "dt", "method", "control", "position")
 
 
 @dataclass
@@ -58,6 +58,7 @@ class DistillConfig:
     num_groups: int = 0  # 0: 4, capped at the teacher's layer count
     num_virtual: int = 16
     num_sink: int = 4
+    num_recent: int = 0
     latent_size: int = 128
     system: str = "time_invariant"
     dt: float = 0.002

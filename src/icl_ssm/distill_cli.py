@@ -22,7 +22,8 @@ from icl_ssm.teacher import TeacherCache, TeacherSpec, build_teacher_cache, mode
 def teacher_spec(cfg: DistillConfig, model) -> TeacherSpec:
     return TeacherSpec(model=cfg.model, model_fingerprint=model_fingerprint(model), tasks=cfg.tasks, k=cfg.k,
                        episodes=cfg.samples, queries=cfg.queries, group_size=cfg.group_size,
-                       num_virtual=cfg.num_virtual, num_sink=cfg.num_sink, topk=cfg.topk, seed=cfg.seed,
+                       num_virtual=cfg.num_virtual, num_sink=cfg.num_sink, num_recent=cfg.num_recent,
+                       topk=cfg.topk, seed=cfg.seed,
                        chat=cfg.chat)
 
 

@@ -27,7 +27,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +56,7 @@ class TeacherSpec:
     group_size: int = 4
     num_virtual: int = 16
     num_sink: int = 4
+    num_recent: int = 0
     topk: int = 64
     seed: int = 0
     chat: bool = False
@@ -162,8 +163,9 @@ def teacher_targets(model, builder: PromptBuilder, demos: list[T.Example], queri
     prefix_ids = torch.tensor([builder.build_prefix(demos).input_ids])
     dense = K.exact_cache(model, prefix_ids)
     L = prefix_ids.shape[1]
-    pool_k = torch.stack([pool_kv(k[0], L, spec.num_sink, spec.num_virtual) for k in dense.keys])
-    pool_v = torch.stack([pool_kv(v[0], L, spec.num_sink, spec.num_virtual) for v in dense.values])
+    end = L - spec.num_recent  # virtual tokens summarise what the recent tokens do not keep
+    pool_k = torch.stack([pool_kv(k[0], end, spec.num_sink, spec.num_virtual) for k in dense.keys])
+    pool_v = torch.stack([pool_kv(v[0], end, spec.num_sink, spec.num_virtual) for v in dense.values])
     suffixes = [torch.tensor(builder.build_suffix(q).input_ids) for q in queries]
     ids, mask = pad(suffixes, side="left")  # the answer position is the last one for every row
     out = K.forward_with_prefix(model, dense.repeat_interleave(len(queries)), ids, mask,
@@ -206,8 +208,9 @@ def _check_meta(directory: Path, spec: TeacherSpec) -> None:
         return
     stored = json.loads(meta_path.read_text())
     mine = asdict(spec)
-    diffs = [f"{k}: cache has {stored.get(k)!r}, requested {mine[k]!r}" for k in mine
-             if json.dumps(stored.get(k)) != json.dumps(mine[k])]
+    defaults = {f.name: f.default for f in fields(TeacherSpec)}  # fields added later keep their default
+    diffs = [f"{k}: cache has {stored.get(k, defaults[k])!r}, requested {mine[k]!r}" for k in mine
+             if json.dumps(stored.get(k, defaults[k])) != json.dumps(mine[k])]
     if diffs:
         raise ValueError(f"teacher cache {str(directory)!r} was written with other settings; refusing to "
                          "reuse it: " + "; ".join(diffs))
