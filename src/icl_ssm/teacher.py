@@ -196,6 +196,7 @@ def _atomic_save(tensors: dict[str, Tensor], path: Path) -> None:
     os.close(fd)
     try:
         save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; the cache is shared like any other file
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
