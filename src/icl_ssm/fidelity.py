@@ -589,8 +589,15 @@ def _main(args: argparse.Namespace) -> int:
     with Progress(TextColumn("fidelity"), BarColumn(), MofNCompleteColumn(), TextColumn("subsets"),
                   TimeElapsedColumn(), console=stderr, transient=True) as bar:
         job = bar.add_task("subsets", total=None)
-        report = run_fidelity(config, on_start=lambda n: bar.update(job, total=n),
-                              progress=lambda n: bar.advance(job, n))
+
+        def advance(n: int) -> None:
+            bar.advance(job, n)
+            if not stderr.is_terminal:  # a log file gets a line per batch instead of a live bar
+                done = bar.tasks[0]
+                stderr.print(f"fidelity: {int(done.completed)}/{int(done.total or 0)} subsets, "
+                             f"{done.elapsed or 0:.0f} s")
+
+        report = run_fidelity(config, on_start=lambda n: bar.update(job, total=n), progress=advance)
     report["argv"] = getattr(args, "argv", None)
     if args.json:
         print(json.dumps(report, indent=1))
