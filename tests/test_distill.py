@@ -201,3 +201,20 @@ def test_two_processes_train_like_one(tmp_cache, tmp_path):
     h1 = [json.loads(x) for x in (one / "history.jsonl").read_text().splitlines()]
     h2 = [json.loads(x) for x in (two / "history.jsonl").read_text().splitlines()]
     assert [round(a["loss"], 5) for a in h1] == [round(b["loss"], 5) for b in h2]
+
+
+def test_hybrid_targets_pool_only_what_the_recent_tokens_do_not_keep(tmp_cache):
+    from icl_ssm import cache as K
+    from icl_ssm import tasks as T
+    from icl_ssm.prompts import PromptBuilder
+
+    model, tok = load_model("tiny-llama")
+    task = T.get_task("coin_flip", size=60)
+    pool = T.split(task, seed=0).pool
+    builder = PromptBuilder.for_model(model, tok, task)
+    s = spec(num_recent=5)
+    targets = TT.teacher_targets(model, builder, pool[:4], pool[4:6], s)
+    ids = torch.tensor([builder.build_prefix(pool[:4]).input_ids])
+    keys = K.exact_cache(model, ids).keys
+    L = ids.shape[1]
+    torch.testing.assert_close(targets["pool_k"][1].float(), TT.pool_kv(keys[1][0], L - 5, 2, 4), rtol=1e-3, atol=1e-3)

@@ -81,12 +81,16 @@ def run_distill(args: argparse.Namespace) -> int:
         teacher = TeacherCache.open(directory, spec)
         job = bar.add_task("distilling", total=None, info="")
 
+        plain = main and not sys.stderr.isatty()  # logs get a line every 10 steps instead of a bar
+
         def show(record: dict) -> None:
             keys = ("kv", "kl", "hidden", "rank")
             info = f"stage {record['stage']} loss {record['loss']:.4f} " + " ".join(
                 f"{k} {record[k]:.4f}" for k in keys if k in record)
             info += f" | {(record['step'] + 1) / max(record['seconds'], 1e-9):.2f} steps/s"
             bar.update(job, completed=record["step"] + 1, total=record["total_steps"], info=info)
+            if plain and ((record["step"] + 1) % 10 == 0 or record["step"] + 1 == record["total_steps"]):
+                print(f"step {record['step'] + 1}/{record['total_steps']} {info}", file=sys.stderr, flush=True)
 
         try:
             train(model, teacher, cfg, out, resume=state == "resume", accelerator=accelerator, progress=show,
