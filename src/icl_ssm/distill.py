@@ -36,7 +36,8 @@ from torch import Tensor
 
 from icl_ssm import cache as K
 from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
-from icl_ssm.teacher import TeacherCache, pad
+from icl_ssm.prompts import pad_ids
+from icl_ssm.teacher import TeacherCache
 
 COMPRESSOR_FIELDS = ("state_size", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size", "system",
                      "dt", "method", "control", "position")
@@ -152,7 +153,7 @@ def rank_loss(student_nll: Tensor, teacher_nll: Tensor) -> Tensor:
 
 def group_losses(model, compressor: SSMCompressor, episodes: list[dict], cfg: DistillConfig, stage: int) -> dict:
     """Losses of one group of episodes (same queries). Returns scalar tensors."""
-    prompt_ids, prompt_mask = pad([e["prompt_ids"] for e in episodes])
+    prompt_ids, prompt_mask = pad_ids([e["prompt_ids"] for e in episodes])
     if stage == 1:
         with torch.no_grad():
             embeds = model.get_input_embeddings()(prompt_ids)
@@ -164,7 +165,7 @@ def group_losses(model, compressor: SSMCompressor, episodes: list[dict], cfg: Di
     S, Q = len(episodes), len(episodes[0]["query_ids"])
     prefix = K.compressed_cache(model, compressor, prompt_ids, prompt_mask).repeat_interleave(Q)
     queries = [q for e in episodes for q in e["query_ids"]]
-    q_ids, q_mask = pad(queries, side="left")
+    q_ids, q_mask = pad_ids(queries, side="left")
     out = K.forward_with_prefix(model, prefix, q_ids, q_mask, output_hidden_states=True, logits_to_keep=1)
     logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # (S*Q, V)
     hidden = torch.stack([h[:, -1] for h in out.hidden_states[1:]], dim=1)  # (S*Q, m, H)

@@ -71,14 +71,7 @@ def sample_subsets(pool: int | Sequence[Any], k: int, n: int, rng: np.random.Gen
 
 def pad_right(prompts: Sequence[P.PromptLike], pad_id: int = 0) -> tuple[Tensor, Tensor]:
     """Right-pad prompts into ``input_ids (B, T)`` long and ``attention_mask (B, T)`` bool."""
-    seqs = [P.as_ids(p) for p in prompts]
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
-    for b, s in enumerate(seqs):
-        ids[b, : len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[b, : len(s)] = True
-    return ids, mask
+    return P.pad_ids([P.as_ids(p) for p in prompts], "right", pad_id)
 
 
 # ----------------------------------------------------------------------------- statistics

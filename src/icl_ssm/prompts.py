@@ -859,20 +859,31 @@ def _requests(
     return requests
 
 
+def pad_ids(
+    seqs: Sequence[Sequence[int] | torch.Tensor], side: str = "right", value: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` id sequences -> ``(n, L)`` long ids and bool mask, padded on ``side``."""
+    if side not in PADDING_SIDES:
+        raise ValueError(f"side must be one of {PADDING_SIDES}, got {side!r}")
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), value, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for b, s in enumerate(seqs):
+        lo = width - len(s) if side == "left" else 0
+        ids[b, lo : lo + len(s)] = torch.as_tensor(s, dtype=torch.long)
+        mask[b, lo : lo + len(s)] = True
+    return ids, mask
+
+
 def _pad(
     seqs: Sequence[Sequence[int]], side: str, model: PreTrainedModel
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
     """Pad to a batch. Returns input_ids, attention_mask, position_ids (all (batch, seq), on
     the model's device) and where each row's first real token sits."""
-    width = max(len(s) for s in seqs)
-    input_ids = torch.full((len(seqs), width), _pad_id(model), dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    shift = []
-    for b, s in enumerate(seqs):
-        lo = width - len(s) if side == "left" else 0
-        input_ids[b, lo : lo + len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[b, lo : lo + len(s)] = 1
-        shift.append(lo)
+    input_ids, real = pad_ids(seqs, side, _pad_id(model))
+    mask = real.long()
+    width = input_ids.shape[1]
+    shift = [width - len(s) if side == "left" else 0 for s in seqs]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # real tokens: 0..len-1, pads: 0
     device = model.device
     return input_ids.to(device), mask.to(device), positions.to(device), shift
@@ -1018,6 +1029,7 @@ def _accepts_logits_to_keep(model: PreTrainedModel) -> bool:
 
 
 __all__ = [
+    "pad_ids",
     "PADDING_SIDES",
     "SEPARATOR",
     "PrefixLike",

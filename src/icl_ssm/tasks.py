@@ -72,7 +72,7 @@ class Task:
 
     # --- the one method to override -------------------------------------------------
     def load(self) -> list[Example]:
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: every registered task overrides it
 
     # --- shared behaviour -----------------------------------------------------------
     @functools.cached_property
@@ -481,7 +481,7 @@ class AssetTask(Task):
         return self.parse(assets.fetch(self.asset))
 
     def parse(self, path: Path) -> list[Example]:
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: each asset-backed task parses its own file
 
 
 @register("rotten_tomatoes")
@@ -698,7 +698,7 @@ class GeneratedTask(Task):
 
     def generate(self, rng: np.random.Generator, target: str) -> tuple[str, str]:
         """(input, target) of one example whose target is ``target`` (if labels exist)."""
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: each generated task overrides it
 
 
 _NAMES = (

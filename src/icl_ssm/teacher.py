@@ -38,7 +38,7 @@ from torch import Tensor
 
 from icl_ssm import cache as K
 from icl_ssm import tasks as T
-from icl_ssm.prompts import PromptBuilder
+from icl_ssm.prompts import PromptBuilder, pad_ids
 
 FORMAT = 1
 
@@ -131,19 +131,6 @@ def _unragged(flat: Tensor, offsets: Tensor) -> list[Tensor]:
     return [flat[offsets[i] : offsets[i + 1]].long() for i in range(len(offsets) - 1)]
 
 
-def pad(seqs: Sequence[Tensor], side: str = "right", value: int = 0) -> tuple[Tensor, Tensor]:
-    """``n`` 1-D id tensors -> ``(n, L)`` ids and bool mask, padded on ``side``."""
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), value, dtype=torch.long)
-    mask = torch.zeros(len(seqs), L, dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        if side == "right":
-            ids[i, : len(s)], mask[i, : len(s)] = s, True
-        else:
-            ids[i, L - len(s) :], mask[i, L - len(s) :] = s, True
-    return ids, mask
-
-
 def pool_kv(kv: Tensor, length: int, num_sink: int, num_virtual: int) -> Tensor:
     """Mean of ``kv: (H_kv, L, d)`` over ``num_virtual`` equal chunks of positions
     ``num_sink .. length`` -> ``(H_kv, num_virtual, d)`` (the paper's Pool)."""
@@ -167,7 +154,7 @@ def teacher_targets(model, builder: PromptBuilder, demos: list[T.Example], queri
     pool_k = torch.stack([pool_kv(k[0], end, spec.num_sink, spec.num_virtual) for k in dense.keys])
     pool_v = torch.stack([pool_kv(v[0], end, spec.num_sink, spec.num_virtual) for v in dense.values])
     suffixes = [torch.tensor(builder.build_suffix(q).input_ids) for q in queries]
-    ids, mask = pad(suffixes, side="left")  # the answer position is the last one for every row
+    ids, mask = pad_ids(suffixes, side="left")  # the answer position is the last one for every row
     out = K.forward_with_prefix(model, dense.repeat_interleave(len(queries)), ids, mask,
                                 output_hidden_states=True, logits_to_keep=1)
     logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # (Q, V)
