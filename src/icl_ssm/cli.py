@@ -17,6 +17,8 @@ SUBCOMMANDS = {
     "compress": "icl_ssm.compress_cli",
     "fidelity": "icl_ssm.fidelity",
     "distill": "icl_ssm.distill_cli",
+    "select": "icl_ssm.select_cli",
+    "run": "icl_ssm.pipeline",
     "bench": "icl_ssm.bench",
 }
 

@@ -51,6 +51,13 @@ def check_out(out: Path, cfg: DistillConfig, resume: bool) -> str:
     return "new"
 
 
+def distill_args(cfg: DistillConfig, out: str | Path, *, resume: bool = False,
+                 teacher_cache: str | None = None) -> argparse.Namespace:
+    """The namespace ``icl-ssm distill`` would parse for ``cfg``: drive it from Python."""
+    return argparse.Namespace(**asdict(cfg), out=str(out), resume=resume, teacher_cache=teacher_cache,
+                              stop_after=None)
+
+
 def run_distill(args: argparse.Namespace) -> int:
     from accelerate import Accelerator
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn

@@ -1,0 +1,54 @@
+"""Files that are either complete or absent: write to a temporary file beside the target,
+then rename it into place (``os.replace`` is atomic on one file system), so an interruption
+or a full disk never leaves a truncated result that looks valid."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+
+def write_with(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
+    """Call ``write(file)`` on a temporary file beside ``path``, then rename it to ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    return write_with(path, lambda f: f.write(text.encode()))
+
+
+def write_json(path: str | Path, obj: Any, indent: int | None = 1) -> Path:
+    return write_text(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def write_jsonl(path: str | Path, rows: list[dict]) -> Path:
+    return write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def prepare_dir(path: str | Path, what: str = "--out") -> Path:
+    """Create ``path`` (and parents); refuse a file or an unwritable directory by name."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{what} {str(path)!r} is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"{what} {str(path)!r} cannot be created: {err.strerror}") from err
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {str(path)!r} is not writable")
+    return path

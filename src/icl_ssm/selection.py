@@ -1,0 +1,552 @@
+"""Demonstration selection (the paper's Algorithm 2) and the contract every selector follows.
+
+A selector turns a candidate pool and a validation set into ``k`` demonstrations::
+
+    selection = SELECTORS["affinity"](evaluator=CacheEvaluator(model, builder, "compressed", compressor))
+    selection = selector.select(pool, validation, k, rng)   # -> Selection
+
+``affinity`` samples ``M`` subsets of size ``k``, asks a :class:`SubsetEvaluator` for each
+subset's mean validation loss ``L_j`` and scores each candidate ``z`` by an estimate of how
+much it lowers the loss:
+
+* ``estimator="mean"`` (the paper): ``mu(z) = -mean{L_j : z in S_j}``;
+* ``estimator="ridge"`` (datamodels): ``L_j ~ b + sum_z w_z [z in S_j]`` fitted by ridge
+  regression with the penalty chosen by exact leave-one-out error, ``mu(z) = -w_z``. It
+  accounts for who else was in each subset, so it needs fewer subsets for the same ranking.
+
+Subsets are drawn *balanced* (a stream of random permutations cut into ``k``-subsets, so every
+candidate appears ``floor`` or ``ceil`` of ``M k / n`` times); ``adaptive > 0`` holds back that
+fraction of the budget for a second round that samples the candidates whose rank is still
+uncertain near the top-``k`` boundary more often. A candidate that no subset contained has
+a NaN score and is listed in ``Selection.unseen``; it is never ranked.
+
+Evaluators: :class:`CacheEvaluator` (``"compressed"``: sinks + SSM virtual tokens, no dense
+prefill; ``"dense"``: the exact prefix cache, shared by all validation queries of a subset),
+:class:`PerQueryDenseEvaluator` (one full prompt per (subset, query): the paper's accounting),
+:class:`OracleEvaluator` (a known function of the subset, for tests). Under
+``accelerate launch`` the subsets are sharded across processes and the losses gathered, so
+every process ends with the same selection as one process would.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from icl_ssm import cache as K
+from icl_ssm import prompts as P
+from icl_ssm import tasks as T
+from icl_ssm.compressor import SSMCompressor
+from icl_ssm.cost import Cost, measure
+from icl_ssm.fidelity import LOSSES, CacheBuilder, evaluate_prefixes, pad_right
+
+ESTIMATORS = ("mean", "ridge")
+
+# ----------------------------------------------------------------------------- the contract
+
+
+@dataclass
+class Selection:
+    """What a selector chose and what it cost.
+
+    ``indices``: pool positions of the ``k`` demonstrations in prompt order (ascending score:
+    the best candidate sits last, next to the query); ``scores``: (n,) float64, higher is
+    better, NaN where a candidate was never scored; ``cost``: FLOPs (FlopCounterMode) and wall
+    seconds; ``tokens``: tokens run through the transformer; ``subsets``: subsets evaluated
+    (affinity); ``unseen``: candidates no subset contained.
+    """
+
+    method: str
+    indices: list[int]
+    scores: np.ndarray
+    cost: Cost = field(default_factory=Cost)
+    tokens: int = 0
+    subsets: int = 0
+    unseen: list[int] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def examples(self, pool: Sequence[T.Example]) -> list[T.Example]:
+        return [pool[i] for i in self.indices]
+
+    def summary(self) -> dict[str, Any]:
+        return {"method": self.method, "k": len(self.indices), "indices": list(self.indices),
+                "flops": self.cost.flops, "wall_seconds": self.cost.seconds, "tokens": self.tokens,
+                "subsets": self.subsets, "unseen": len(self.unseen), **self.details}
+
+
+class Selector:
+    """Override :meth:`select`; register the class with :func:`register`."""
+
+    name: ClassVar[str] = ""
+
+    def select(self, pool: Sequence[T.Example], validation: Sequence[T.Example], k: int,
+               rng: np.random.Generator) -> Selection:
+        raise NotImplementedError  # abstract: every registered selector overrides it
+
+
+SELECTORS: dict[str, type[Selector]] = {}
+
+
+def register(name: str) -> Callable[[type[Selector]], type[Selector]]:
+    def wrap(cls: type[Selector]) -> type[Selector]:
+        if name in SELECTORS:
+            raise ValueError(f"selector {name!r} is already registered")
+        cls.name = name
+        SELECTORS[name] = cls
+        return cls
+
+    return wrap
+
+
+def check_selection_inputs(pool: Sequence[T.Example], validation: Sequence[T.Example], k: int) -> None:
+    """Refuse k <= 0, k > n, a pool with duplicate ids and an empty validation set."""
+    if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k={k!r}: expected an integer >= 1 demonstrations")
+    if k > len(pool):
+        raise ValueError(f"k={k} demonstrations requested but the pool has only {len(pool)} candidates; "
+                         "lower k or use a larger pool")
+    seen: set[str] = set()
+    dupes = [e.id for e in pool if e.id in seen or seen.add(e.id)]
+    if dupes:
+        raise ValueError(f"the pool has duplicate ids {sorted(set(dupes))[:5]}; every candidate needs a unique id")
+    if len(validation) == 0:
+        raise ValueError("the validation set is empty: selection needs at least one validation query")
+
+
+def top_k(scores: np.ndarray, k: int) -> list[int]:
+    """The ``k`` best finite scores, ascending (best last); ties go to the lower index."""
+    scores = np.asarray(scores, dtype=np.float64)
+    finite = np.flatnonzero(np.isfinite(scores))
+    if len(finite) < k:
+        raise ValueError(f"only {len(finite)} candidates have a score, fewer than k={k}")
+    order = finite[np.lexsort((finite, -scores[finite]))][:k]  # best first, lower index first on ties
+    return order[::-1].tolist()
+
+
+@register("random")
+class RandomSelector(Selector):
+    """``k`` candidates uniformly at random: the baseline every method must beat."""
+
+    def select(self, pool, validation, k, rng):
+        check_selection_inputs(pool, validation, k)
+        scores = rng.random(len(pool))
+        return Selection(self.name, top_k(scores, k), scores)
+
+
+# ----------------------------------------------------------------------------- evaluators
+
+
+@dataclass
+class SubsetLosses:
+    """``losses``: (M,) mean validation loss per subset; cost and transformer tokens spent."""
+
+    losses: np.ndarray
+    cost: Cost = field(default_factory=Cost)
+    tokens: int = 0
+
+
+class SubsetEvaluator:
+    """Override :meth:`evaluate`: the mean validation loss of each demonstration subset."""
+
+    name: ClassVar[str] = ""
+
+    def evaluate(self, pool: Sequence[T.Example], validation: Sequence[T.Example],
+                 subsets: Sequence[Sequence[int]]) -> SubsetLosses:
+        raise NotImplementedError  # abstract: every evaluator overrides it
+
+
+@dataclass
+class OracleEvaluator(SubsetEvaluator):
+    """``fn(subset) -> loss``: a known function of the subset, for tests and simulations."""
+
+    fn: Callable[[Sequence[int]], float]
+    name: ClassVar[str] = "oracle"
+
+    def evaluate(self, pool, validation, subsets):
+        return SubsetLosses(np.array([float(self.fn(list(s))) for s in subsets], dtype=np.float64))
+
+
+@dataclass
+class CacheEvaluator(SubsetEvaluator):
+    """Each subset's prefix turned into a cache, every validation query answered after it.
+
+    ``cache``: ``"compressed"`` (needs ``compressor``), ``"dense"`` (the exact prefix cache,
+    computed once per subset and shared by its queries) or any ``CacheBuilder``. ``batch``
+    subsets are encoded together (each row its own cache) and ``query_batch`` (subset, query)
+    pairs answered together. Tokens counted: the transformer's input tokens (the prompt for
+    dense, the sinks for compressed, plus every query suffix); the SSM reads embeddings.
+    """
+
+    model: PreTrainedModel
+    builder: P.PromptBuilder
+    cache: str | CacheBuilder = "compressed"
+    compressor: SSMCompressor | None = None
+    loss: str = "nll"
+    batch: int = 8
+    query_batch: int = 32
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss={self.loss!r}; accepted: {', '.join(LOSSES)}")
+        if self.batch < 1 or self.query_batch < 1:
+            raise ValueError(f"batch={self.batch}, query_batch={self.query_batch}: expected >= 1")
+        if self.cache == "compressed" and self.compressor is None:
+            raise ValueError("cache='compressed' needs a compressor (load one with load_compressor)")
+        if isinstance(self.cache, str) and self.cache not in ("compressed", "dense"):
+            raise ValueError(f"cache={self.cache!r}; accepted: 'compressed', 'dense' or a cache builder")
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.cache if isinstance(self.cache, str) else "custom"
+
+    def build(self, ids: Tensor, mask: Tensor) -> K.PrefixCache:
+        if self.cache == "dense":
+            return K.exact_cache(self.model, ids, mask)
+        if self.cache == "compressed":
+            return K.compressed_cache(self.model, self.compressor, ids, mask)
+        return self.cache(ids, mask)
+
+    def evaluate(self, pool, validation, subsets):
+        device = self.model.device
+        suffix_tokens = sum(len(self.builder.build_suffix(q).input_ids) for q in validation)
+        losses, total, tokens = [], Cost(), 0
+        for start in range(0, len(subsets), self.batch):
+            chunk = subsets[start : start + self.batch]
+            ids, mask = pad_right([self.builder.build_prefix([pool[i] for i in s]) for s in chunk])
+            with torch.no_grad(), measure(device) as cost:
+                prefix = self.build(ids.to(device), mask.to(device))
+                ev = evaluate_prefixes(self.model, self.builder, prefix, validation, loss=self.loss,
+                                       query_batch=self.query_batch, keep_logits=False)
+            losses.append(ev.subset_loss().double().numpy())
+            total = total + cost
+            encoded = int(mask.sum()) if self.cache == "dense" else len(chunk) * getattr(
+                getattr(self.compressor, "config", None), "num_sink", 0)
+            tokens += encoded + len(chunk) * suffix_tokens
+        return SubsetLosses(np.concatenate(losses), total, tokens)
+
+
+@dataclass
+class PerQueryDenseEvaluator(SubsetEvaluator):
+    """One full prompt (demonstrations + query) per (subset, query) pair, nothing shared: the
+    cost accounting of the paper's dense baseline. Reference for :class:`CacheEvaluator`
+    with ``cache="dense"`` (same losses up to float tolerance)."""
+
+    model: PreTrainedModel
+    builder: P.PromptBuilder
+    loss: str = "nll"
+    batch: int = 8
+    name: ClassVar[str] = "dense-per-query"
+
+    def evaluate(self, pool, validation, subsets):
+        losses, total, tokens = [], Cost(), 0
+        for s in subsets:
+            demos = [pool[i] for i in s]
+            prompts = [self.builder.build(demos, q) for q in validation]
+            with torch.no_grad(), measure(self.model.device) as cost:
+                per_query = P.answer_loss(self.model, self.builder, prompts, list(validation),
+                                          normalize=self.loss == "ce", batch_size=self.batch)
+            losses.append(float(per_query.double().mean()))
+            total = total + cost
+            tokens += sum(len(p.input_ids) for p in prompts)
+        return SubsetLosses(np.array(losses, dtype=np.float64), total, tokens)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def subsets_for(n: int, k: int, eps: float = 0.5) -> int:
+    """Subsets ``M`` for the mean estimator to reach standard error ``eps`` (in units of the
+    spread of subset losses) on every candidate's affinity.
+
+    A candidate's affinity averages the losses of the ``~M k / n`` subsets containing it, whose
+    spread is ``sigma``; its standard error is ``sigma * sqrt(n / (M k))``. Asking for
+    ``<= eps * sigma`` gives ``M = ceil(n / (k eps^2))`` (constant 1). Example: n = 1500,
+    k = 20, eps = 0.5 -> 300 subsets, each candidate in 4 of them.
+    """
+    if not eps > 0:
+        raise ValueError(f"eps={eps!r}: expected a positive target standard error")
+    return max(1, math.ceil(n / (k * eps * eps)))
+
+
+def balanced_subsets(n: int, k: int, m: int, rng: np.random.Generator,
+                     among: Sequence[int] | None = None) -> list[list[int]]:
+    """``m`` subsets of ``k`` distinct candidates cut from a stream of random permutations
+    of ``among`` (default ``range(n)``): every candidate appears ``floor`` or ``ceil`` of
+    ``m k / len(among)`` times, give or take one at a permutation boundary."""
+    items = list(range(n)) if among is None else list(among)
+    if not 1 <= k <= len(items):
+        raise ValueError(f"k={k}: expected 1 <= k <= {len(items)} candidates")
+    queue: deque[int] = deque()
+    out = []
+    for _ in range(m):
+        subset, members, deferred = [], set(), []
+        while len(subset) < k:
+            if not queue:
+                queue.extend(items[i] for i in rng.permutation(len(items)))
+            i = queue.popleft()
+            if i in members:  # the previous permutation's tail: keep it for the next subset
+                deferred.append(i)
+            else:
+                subset.append(i)
+                members.add(i)
+        queue.extendleft(reversed(deferred))
+        out.append(subset)
+    return out
+
+
+def focused_subsets(n: int, k: int, m: int, focus: Sequence[int], rng: np.random.Generator) -> list[list[int]]:
+    """``m`` subsets, each half from ``focus`` (balanced) and the rest uniformly from the pool,
+    so that the focus candidates gain evidence while their company stays random."""
+    half = min(len(focus), math.ceil(k / 2))
+    heads = balanced_subsets(n, half, m, rng, among=focus) if half else [[] for _ in range(m)]
+    out = []
+    for head in heads:
+        rest = np.setdiff1d(np.arange(n), head)
+        tail = rng.choice(rest, size=k - len(head), replace=False).tolist()
+        subset = head + tail
+        out.append([subset[i] for i in rng.permutation(k)])
+    return out
+
+
+def indicator(subsets: Sequence[Sequence[int]], n: int) -> np.ndarray:
+    """(M, n) float64, 1 where candidate ``z`` is in subset ``j``."""
+    X = np.zeros((len(subsets), n))
+    for j, s in enumerate(subsets):
+        X[j, list(s)] = 1.0
+    return X
+
+
+# ----------------------------------------------------------------------------- estimators
+
+
+def mean_affinity(subsets: Sequence[Sequence[int]], losses: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Algorithm 2: ``(scores, stderr)``, each (n,); ``-mean`` loss of the subsets containing a
+    candidate, and the standard error of that mean (NaN where fewer than two subsets)."""
+    X = indicator(subsets, n)  # (M, n)
+    counts = X.sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = X.T @ losses / counts
+        var = (X.T @ losses**2 / counts - mean**2) * counts / (counts - 1)
+        stderr = np.sqrt(np.maximum(var, 0.0) / counts)
+    stderr[counts < 2] = np.nan
+    return -mean, stderr
+
+
+def ridge_fit(X: np.ndarray, y: np.ndarray, alphas: Sequence[float]) -> tuple[np.ndarray, float, np.ndarray]:
+    """Ridge regression with an unpenalised intercept, penalty chosen by leave-one-out error.
+
+    ``X``: (M, n), ``y``: (M,). Returns ``(w (n,), alpha, loo_mse (len(alphas),))``. One SVD of
+    the centred design gives every penalty's fit and its exact LOO residuals
+    ``r_j / (1 - H_jj)`` with ``H = 11^T/M + Xc (Xc^T Xc + alpha I)^-1 Xc^T``.
+    """
+    M = X.shape[0]
+    Xc, yc = X - X.mean(0), y - y.mean()
+    U, s, Vt = np.linalg.svd(Xc, full_matrices=False)  # (M, r), (r,), (r, n)
+    Uty = U.T @ yc
+    loo = []
+    for a in alphas:
+        d = s**2 / (s**2 + a)
+        hat = (U**2) @ d + 1.0 / M
+        resid = (yc - U @ (d * Uty)) / np.maximum(1.0 - hat, 1e-12)
+        loo.append(float(np.mean(resid**2)))
+    best = int(np.argmin(loo))
+    a = alphas[best]
+    w = Vt.T @ (s / (s**2 + a) * Uty)
+    return w, float(a), np.array(loo)
+
+
+def ridge_fit_ref(X: np.ndarray, y: np.ndarray, alphas: Sequence[float]) -> tuple[np.ndarray, float, np.ndarray]:
+    """Reference for :func:`ridge_fit`: refit without each subset in turn (slow, obvious)."""
+
+    def fit(Xs, ys, a):
+        mx, my = Xs.mean(0), ys.mean()
+        w = np.linalg.solve((Xs - mx).T @ (Xs - mx) + a * np.eye(Xs.shape[1]), (Xs - mx).T @ (ys - my))
+        return w, my - mx @ w
+
+    loo = []
+    for a in alphas:
+        errs = []
+        for j in range(len(y)):
+            keep = np.arange(len(y)) != j
+            w, b = fit(X[keep], y[keep], a)
+            errs.append((y[j] - X[j] @ w - b) ** 2)
+        loo.append(float(np.mean(errs)))
+    best = int(np.argmin(loo))
+    return fit(X, y, alphas[best])[0], float(alphas[best]), np.array(loo)
+
+
+def ridge_affinity(subsets: Sequence[Sequence[int]], losses: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Datamodel estimator: ``(scores, stderr)``; ``scores = -w`` of :func:`ridge_fit` over a
+    penalty grid scaled to the mean count per candidate; NaN for unseen candidates. The
+    stderr is the mean estimator's (used by adaptive sampling)."""
+    X = indicator(subsets, n)
+    counts = X.sum(0)
+    scale = max(float(counts.mean()), 1.0)
+    w, _, _ = ridge_fit(X, np.asarray(losses, dtype=np.float64), list(scale * np.logspace(-2, 2, 17)))
+    scores = -w
+    scores[counts == 0] = np.nan
+    return scores, mean_affinity(subsets, losses, n)[1]
+
+
+def boundary(scores: np.ndarray, stderr: np.ndarray, k: int, width: float = 2.0) -> list[int]:
+    """Candidates whose side of the top-``k`` boundary is uncertain: within ``width`` standard
+    errors of the midpoint between the ``k``-th and ``k+1``-th score; at least ``2k`` (the
+    closest ones, in standard errors) when fewer qualify. Unseen candidates always qualify."""
+    n = len(scores)
+    seen = np.isfinite(scores)
+    order = np.sort(scores[seen])[::-1]
+    if len(order) <= k:
+        return np.flatnonzero(~seen).tolist()
+    mid = 0.5 * (order[k - 1] + order[k])
+    se = np.where(np.isfinite(stderr) & (stderr > 0), stderr, np.nanmax(stderr[np.isfinite(stderr)], initial=1.0))
+    z = np.where(seen, np.abs(scores - mid) / se, 0.0)
+    closest = np.argsort(z, kind="stable")[: min(n, 2 * k)]
+    return sorted(set(np.flatnonzero(z < width).tolist()) | set(closest.tolist()))
+
+
+# ----------------------------------------------------------------------------- affinity
+
+
+@register("affinity")
+@dataclass
+class AffinitySelector(Selector):
+    """Algorithm 2 on any :class:`SubsetEvaluator`.
+
+    ``subsets``: the budget ``M`` (default :func:`subsets_for` at ``eps``); ``coverage``: every
+    candidate must be in at least this many subsets of the first round, else a ValueError
+    says how many subsets would do; ``adaptive``: fraction of ``M`` spent in a second round on
+    the candidates near the top-``k`` boundary; ``chunk``: subsets per evaluator call (the
+    progress granularity); ``progress(n)`` after every chunk of ``n`` subsets.
+    """
+
+    evaluator: SubsetEvaluator
+    subsets: int | None = None
+    estimator: str = "mean"
+    coverage: int = 1
+    adaptive: float = 0.0
+    eps: float = 0.5
+    chunk: int = 32
+    progress: Callable[[int], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"estimator={self.estimator!r}; accepted: {', '.join(ESTIMATORS)}")
+        if self.subsets is not None and self.subsets < 1:
+            raise ValueError(f"subsets={self.subsets}: expected >= 1")
+        if not 0.0 <= self.adaptive < 1.0:
+            raise ValueError(f"adaptive={self.adaptive}: expected a fraction in [0, 1)")
+        if self.coverage < 0:
+            raise ValueError(f"coverage={self.coverage}: expected >= 0")
+
+    def plan(self, n: int, k: int) -> tuple[int, int]:
+        """(first-round subsets, second-round subsets)."""
+        total = self.subsets if self.subsets is not None else subsets_for(n, k, self.eps)
+        second = int(total * self.adaptive)
+        return total - second, second
+
+    def select(self, pool, validation, k, rng):
+        check_selection_inputs(pool, validation, k)
+        n = len(pool)
+        if k == n:  # nothing to choose
+            return Selection(self.name, list(range(n)), np.zeros(n), details={"estimator": self.estimator})
+        first, second = self.plan(n, k)
+        need = math.ceil(self.coverage * n / k)
+        if first < need:
+            raise ValueError(
+                f"subsets={first} (first round) cannot put each of the {n} candidates in {self.coverage} "
+                f"subset(s) of {k}: use --subsets >= {need}" + (" / (1 - adaptive)" if self.adaptive else "")
+            )
+        subsets = balanced_subsets(n, k, first, rng)
+        result = self._evaluate(pool, validation, subsets)
+        losses, cost, tokens = result.losses, result.cost, result.tokens
+        focus: list[int] = []
+        if second:
+            scores, stderr = self.estimate(subsets, losses, n)
+            focus = boundary(scores, stderr, k)
+            more = focused_subsets(n, k, second, focus, rng)
+            extra = self._evaluate(pool, validation, more)
+            subsets += more
+            losses = np.concatenate([losses, extra.losses])
+            cost, tokens = cost + extra.cost, tokens + extra.tokens
+        scores, _ = self.estimate(subsets, losses, n)
+        unseen = np.flatnonzero(~np.isfinite(scores)).tolist()
+        counts = indicator(subsets, n).sum(0)
+        return Selection(
+            self.name, top_k(scores, k), scores, cost, tokens, len(subsets), unseen,
+            details={"estimator": self.estimator, "evaluator": self.evaluator.name,
+                     "min_coverage": int(counts.min()), "rounds": [first, second], "focus": focus,
+                     "subset_losses": losses.tolist()},
+        )
+
+    def estimate(self, subsets, losses, n) -> tuple[np.ndarray, np.ndarray]:
+        fn = mean_affinity if self.estimator == "mean" else ridge_affinity
+        return fn(subsets, losses, n)
+
+    def _evaluate(self, pool, validation, subsets: list[list[int]]) -> SubsetLosses:
+        """Losses of ``subsets`` in order; sharded over the processes of a distributed run."""
+        rank, world = _process()
+        mine = list(range(rank, len(subsets), world))
+        parts = []
+        for start in range(0, len(mine), self.chunk):
+            idx = mine[start : start + self.chunk]
+            parts.append(self.evaluator.evaluate(pool, validation, [subsets[j] for j in idx]))
+            if self.progress is not None:
+                self.progress(len(idx) * world)
+        local = SubsetLosses(
+            np.concatenate([p.losses for p in parts]) if parts else np.zeros(0),
+            sum((p.cost for p in parts), Cost()), sum(p.tokens for p in parts),
+        )
+        if world == 1:
+            return local
+        gathered: list[Any] = [None] * world
+        torch.distributed.all_gather_object(gathered, (mine, local))
+        losses = np.empty(len(subsets))
+        cost, tokens = Cost(), 0
+        for positions, part in gathered:
+            losses[positions] = part.losses
+            cost = Cost(cost.flops + part.cost.flops, max(cost.seconds, part.cost.seconds))
+            tokens += part.tokens
+        return SubsetLosses(losses, cost, tokens)
+
+
+def _process() -> tuple[int, int]:
+    """(rank, world) of a ``torch.distributed`` run, (0, 1) otherwise."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+# ----------------------------------------------------------------------------- test-set evaluation
+
+
+def evaluate_selection(
+    model: PreTrainedModel,
+    builder: P.PromptBuilder,
+    demos: Sequence[T.Example],
+    test: Sequence[T.Example],
+    *,
+    cache: str | CacheBuilder = "dense",
+    compressor: SSMCompressor | None = None,
+    loss: str = "nll",
+    query_batch: int = 32,
+) -> dict[str, float]:
+    """Accuracy and mean loss of the prompt made of ``demos`` on ``test``, with any evaluator's
+    cache (``"dense"`` by default: the real prompt)."""
+    if not test:
+        raise ValueError("the test set is empty")
+    ev = CacheEvaluator(model, builder, cache, compressor, loss=loss, batch=1, query_batch=query_batch)
+    ids, mask = pad_right([builder.build_prefix(list(demos))])
+    device = model.device
+    with torch.no_grad(), measure(device) as cost:
+        result = evaluate_prefixes(model, builder, ev.build(ids.to(device), mask.to(device)), test, loss=loss,
+                                   query_batch=query_batch, keep_logits=False)
+    return {"accuracy": float(result.correct.mean()), "loss": float(result.loss.mean()),
+            "flops": cost.flops, "seconds": cost.seconds}

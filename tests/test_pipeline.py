@@ -1,0 +1,61 @@
+"""``icl-ssm run`` end to end on a tiny random model and a generated task (no download)."""
+
+import json
+
+import pytest
+
+from icl_ssm import tasks as T
+from icl_ssm.cli import main
+
+SHAPE = ["--state-size", "16", "--num-virtual", "4", "--num-sink", "2", "--latent-size", "8"]
+
+
+@pytest.fixture
+def data(tmp_path):
+    task = T.get_task("coin_flip", size=120)
+    path = tmp_path / "coin.jsonl"
+    path.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n" for e in task.examples()))
+    return str(path)
+
+
+def run_args(data, out, *extra):
+    return ["run", "--model", "tiny-llama", "--task", data, "--k", "3", "--out", str(out), *SHAPE,
+            "--distill-samples", "8", "--pool-size", "24", "--queries", "3", "--test-size", "6",
+            "--fidelity-subsets", "4", "--fidelity-queries", "2", "--subsets", "8", "--batch", "4", *extra]
+
+
+def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tmp_path, tmp_cache, capsys):
+    out = tmp_path / "run"
+    assert main(run_args(data, out)) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["compressor"]["source"] == "distilled"
+    assert (out / "compressor" / "model.safetensors").exists()
+    methods = [r["method"] for r in report["selections"]]
+    assert methods == ["affinity", "affinity (dense)", "random", "bm25", "topk"]
+    assert all(0.0 <= r["test_accuracy"] <= 1.0 for r in report["selections"])
+    assert report["fidelity"]["subsets"] == 4 and "subset_loss_spearman" in report["fidelity"]
+    md = (out / "report.md").read_text()
+    assert "affinity" in md and "bm25" in md and "accuracy.png" in md
+    for png in ("accuracy.png", "cost.png", "affinity.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = [json.loads(x) for x in (out / "selected.jsonl").read_text().splitlines()]
+    assert len({r["id"] for r in rows}) == 3 and report["selected"] == report["selections"][0]["indices"]
+    assert len(rows) == 3 and all(r["text"] in (out / "prompt.txt").read_text() for r in rows)
+    stamps = {p.name: p.stat().st_mtime_ns for p in (out / "stages").iterdir()}
+    capsys.readouterr()
+    assert main(run_args(data, out)) == 0
+    err = capsys.readouterr().err
+    assert "fidelity: done before, skipped" in err and "select topk: done before, skipped" in err
+    assert "distilling" not in err
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "stages").iterdir()} == stamps
+    assert json.loads((out / "report.json").read_text())["selections"] == report["selections"]
+
+
+def test_run_refuses_bad_input(data, tmp_path, tmp_cache, capsys):
+    (tmp_path / "file").write_text("x")
+    assert main(run_args(data, tmp_path / "file")) == 2
+    assert "is a file" in capsys.readouterr().err
+    assert main(run_args(data, tmp_path / "big", "--k", "30")) == 2
+    assert "only 24 candidates" in capsys.readouterr().err
+    assert main(run_args(data, tmp_path / "m", "--methods", "affinity", "oracle")) == 2
+    assert "oracle" in capsys.readouterr().err

@@ -1,0 +1,102 @@
+"""``icl-ssm select`` end to end on a tiny random model and a .jsonl task (no download)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from icl_ssm import tasks as T
+from icl_ssm.cli import main
+from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
+from icl_ssm.models import tiny_model
+
+SMALL = dict(state_size=16, num_virtual=4, num_sink=2, latent_size=8)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("select")
+    task = T.get_task("coin_flip", size=120)
+    data = root / "coin.jsonl"
+    data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n" for e in task.examples()))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        SSMCompressor(SSMCompressorConfig.for_teacher(tiny_model("llama").config, **SMALL)).save_pretrained(
+            root / "comp")
+        SSMCompressor(SSMCompressorConfig.for_teacher(tiny_model("qwen2").config, **SMALL)).save_pretrained(
+            root / "qwen")
+    return {"data": str(data), "comp": str(root / "comp"), "qwen": str(root / "qwen"), "root": root}
+
+
+def args(files, *extra):
+    return ["select", "--model", "tiny-llama", "--task", files["data"], "--k", "3", "--pool-size", "24",
+            "--queries", "3", "--test-size", "6", "--batch", "4", "--query-batch", "6", *extra]
+
+
+def run_json(capsys, *argv):
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_affinity_writes_selection_summary_and_config(files, tmp_path, capsys):
+    out = tmp_path / "sel"
+    summary = run_json(capsys, *args(files, "--compressor", files["comp"], "--subsets", "16", "--out", str(out)))
+    assert set(summary) >= {"method", "k", "indices", "test_accuracy", "flops", "wall_seconds", "subsets"}
+    assert summary["method"] == "affinity" and summary["subsets"] == 16 and len(set(summary["indices"])) == 3
+    assert 0.0 <= summary["test_accuracy"] <= 1.0 and summary["flops"] > 0
+    rows = [json.loads(line) for line in (out / "selected.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == summary["ids"]
+    assert all({"id", "text", "label", "score"} <= set(r) for r in rows)
+    assert json.loads((out / "summary.json").read_text())["indices"] == summary["indices"]
+    assert json.loads((out / "select_config.json").read_text())["subsets"] == 16
+    prompt = (out / "prompt.txt").read_text()
+    assert all(r["text"] in prompt for r in rows)
+    assert not list(out.glob(".*.tmp"))
+    again = run_json(capsys, *args(files, "--compressor", files["comp"], "--subsets", "16"))
+    assert again["indices"] == summary["indices"]  # same seed -> same selection
+
+
+@pytest.mark.parametrize("method", ["random", "bm25", "topk", "gradce"])
+def test_baselines_run_through_the_command(files, capsys, method):
+    summary = run_json(capsys, *args(files, "--method", method))
+    assert summary["method"] == method and len(set(summary["indices"])) == 3
+
+
+def test_dense_evaluator_and_ridge(files, capsys):
+    summary = run_json(capsys, *args(files, "--evaluator", "dense", "--estimator", "ridge", "--subsets", "16"))
+    assert summary["evaluator"] == "dense" and summary["estimator"] == "ridge" and summary["subsets"] == 16
+
+
+def test_bad_input_is_refused(files, tmp_path, capsys):
+    assert main(args(files, "--k", "0", "--method", "random")) == 2
+    assert "k=0" in capsys.readouterr().err
+    assert main(args(files, "--k", "25", "--method", "random")) == 2
+    assert "only 24 candidates" in capsys.readouterr().err
+    assert main(args(files)) == 2  # affinity on compressed caches without a compressor
+    assert "needs --compressor" in capsys.readouterr().err
+    assert main(args(files, "--compressor", files["qwen"])) == 2
+    assert "cannot serve this model" in capsys.readouterr().err
+    assert main(args(files, "--compressor", files["comp"], "--subsets", "3", "--coverage", "1")) == 2
+    assert "--subsets >= 8" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert main(args(files, "--method", "random", "--out", str(tmp_path / "file"))) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_two_processes_select_like_one(files, tmp_path, tmp_cache, capsys):
+    """``accelerate launch`` with 2 CPU processes (gloo) shards the subsets, same selection."""
+    extra = ("--compressor", files["comp"], "--subsets", "10", "--estimator", "ridge")
+    one = run_json(capsys, *args(files, *extra))
+    env = {**os.environ, "ICL_SSM_CACHE": str(tmp_cache), "OMP_NUM_THREADS": "1"}
+    accelerate = Path(sys.executable).with_name("accelerate")
+    result = subprocess.run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "-m", "icl_ssm",
+                             *args(files, *extra, "--out", str(tmp_path / "two")), "--json"],
+                            env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    two = json.loads(result.stdout)
+    assert two["indices"] == one["indices"] and two["subsets"] == 10
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["indices"] == one["indices"]
