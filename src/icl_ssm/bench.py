@@ -286,3 +286,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_run_scan)
+    from icl_ssm.bench_select import add_kinds
+
+    add_kinds(kinds)

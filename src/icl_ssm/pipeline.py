@@ -142,6 +142,8 @@ def stage_bar(description: str, unit: str) -> Iterator[tuple[Callable[[int], Non
                 console.print(f"{description}: {int(t.completed)}/{int(t.total or 0)} {unit}, {t.elapsed or 0:.0f} s")
 
         yield (lambda total: bar.update(job, total=total or None)), advance
+        total = bar.tasks[0].total or 1  # a stage without steps (a baseline) shows as one finished step
+        bar.update(job, total=total, completed=total)
 
 
 def say(message: str) -> None:

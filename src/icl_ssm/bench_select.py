@@ -1,0 +1,239 @@
+"""``icl-ssm bench select-cost | select-quality | estimators``: the selection numbers of BENCHMARKS.md.
+
+* ``select-cost``: FLOPs (FlopCounterMode) and wall seconds per subset of the three
+  evaluators - compressed caches, dense prefix caches shared by a subset's queries, and one
+  full dense prompt per query (the paper's accounting) - at several ``k``, in one run;
+* ``select-quality``: test accuracy of every method over tasks and seeds (mean and std);
+* ``estimators``: test accuracy of the selected set against the number of subsets, for the
+  mean and ridge estimators on one stream of subsets and for adaptive sampling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+
+import numpy as np
+
+from icl_ssm import prompts as P
+from icl_ssm import selection as S
+from icl_ssm import tasks as T
+from icl_ssm.compressor import load_compressor
+from icl_ssm.models import DEFAULT_MODEL, load_model
+from icl_ssm.select_cli import SelectConfig, select_demonstrations
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _load(args):
+    model, tokenizer = load_model(args.model)
+    compressor = load_compressor(args.compressor, model.config) if args.compressor else None
+    return model, tokenizer, compressor
+
+
+def select_cost(args: argparse.Namespace) -> dict:
+    model, tokenizer, compressor = _load(args)
+    task = T.get_task(args.task)
+    splits = T.split(task, seed=args.seed)
+    builder = P.PromptBuilder.for_model(model, tokenizer, task)
+    validation = splits.validation[: args.queries]
+    rows = []
+    for k in args.k:
+        subsets = S.balanced_subsets(len(splits.pool), k, args.subsets + 1, np.random.default_rng(args.seed))
+        evaluators = {
+            "compressed": S.CacheEvaluator(model, builder, "compressed", compressor, batch=1,
+                                           query_batch=args.query_batch),
+            "dense": S.CacheEvaluator(model, builder, "dense", batch=1, query_batch=args.query_batch),
+        }
+        if k <= args.per_query_max_k:
+            evaluators["dense-per-query"] = S.PerQueryDenseEvaluator(model, builder, batch=args.query_batch)
+        lengths = [len(builder.build_prefix([splits.pool[i] for i in s]).input_ids) for s in subsets[1:]]
+        for name, ev in evaluators.items():
+            ev.evaluate(splits.pool, validation, subsets[:1])  # warm-up, not counted
+            res = ev.evaluate(splits.pool, validation, subsets[1:])
+            n = len(subsets) - 1
+            rows.append({"k": k, "evaluator": name, "prompt_tokens": float(np.mean(lengths)),
+                         "flops_per_subset": res.cost.flops / n, "seconds_per_subset": res.cost.seconds / n,
+                         "tokens_per_subset": res.tokens / n})
+            _log(f"k={k} {name}: {res.cost.flops / n / 1e9:.1f} GFLOP, {res.cost.seconds / n:.2f} s per subset")
+    for r in rows:
+        comp = next(c for c in rows if c["k"] == r["k"] and c["evaluator"] == "compressed")
+        r["flops_vs_compressed"] = r["flops_per_subset"] / comp["flops_per_subset"]
+        r["seconds_vs_compressed"] = r["seconds_per_subset"] / comp["seconds_per_subset"]
+    return {"model": args.model, "task": args.task, "queries": len(validation), "subsets": args.subsets,
+            "rows": rows}
+
+
+def select_quality(args: argparse.Namespace) -> dict:
+    model, tokenizer, compressor = _load(args)
+    runs = []
+    for task_name in args.tasks:
+        task = T.get_task(task_name)
+        for seed in args.seeds:
+            splits = T.split(task, pool_size=args.pool_size, seed=seed)
+            base = SelectConfig(model=args.model, task=task_name, k=args.k, compressor=args.compressor,
+                                subsets=args.subsets, estimator=args.estimator, queries=args.queries,
+                                test_size=args.test_size, pool_size=args.pool_size, seed=seed, batch=args.batch,
+                                query_batch=args.query_batch)
+            for method in args.methods:
+                name, evaluator = (method.split(":") + ["compressed"])[:2]
+                cfg = replace(base, method=name, evaluator=evaluator)
+                _, summary, _ = select_demonstrations(cfg, model, tokenizer, compressor, splits=splits)
+                runs.append({"task": task_name, "seed": seed, "method": method,
+                             "test_accuracy": summary["test_accuracy"], "flops": summary["flops"],
+                             "wall_seconds": summary["wall_seconds"], "subsets": summary["subsets"]})
+                _log(f"{task_name} seed {seed} {method}: {summary['test_accuracy']:.3f} "
+                     f"({summary['wall_seconds']:.0f} s)")
+    table = {}
+    for task_name in args.tasks:
+        for method in args.methods:
+            acc = [r["test_accuracy"] for r in runs if r["task"] == task_name and r["method"] == method]
+            table.setdefault(task_name, {})[method] = (float(np.mean(acc)), float(np.std(acc)))
+    return {"model": args.model, "k": args.k, "seeds": args.seeds, "runs": runs, "table": table,
+            "settings": {k: getattr(args, k) for k in ("pool_size", "queries", "test_size", "subsets", "estimator")}}
+
+
+class _Memo(S.SubsetEvaluator):
+    """Caches an evaluator's loss per subset, so the estimators share the same evaluations."""
+
+    def __init__(self, inner: S.SubsetEvaluator):
+        self.inner, self.memo, self.name = inner, {}, inner.name
+
+    def evaluate(self, pool, validation, subsets):
+        todo = [s for s in subsets if tuple(s) not in self.memo]
+        if todo:
+            res = self.inner.evaluate(pool, validation, todo)
+            self.memo.update(zip(map(tuple, todo), res.losses.tolist()))
+        return S.SubsetLosses(np.array([self.memo[tuple(s)] for s in subsets]))
+
+
+def estimators(args: argparse.Namespace) -> dict:
+    model, tokenizer, compressor = _load(args)
+    task = T.get_task(args.task)
+    builder = P.PromptBuilder.for_model(model, tokenizer, task)
+    inner = S.CacheEvaluator(model, builder, args.evaluator, compressor, batch=args.batch,
+                             query_batch=args.query_batch)
+    rows = []
+    for seed in args.seeds:
+        splits = T.split(task, pool_size=args.pool_size, seed=seed)
+        pool, validation, test = splits.pool, splits.validation[: args.queries], splits.test[: args.test_size]
+        n = len(pool)
+        memo, accuracy = _Memo(inner), {}
+
+        def test_acc(indices):
+            key = tuple(indices)
+            if key not in accuracy:
+                accuracy[key] = S.evaluate_selection(model, builder, [pool[i] for i in indices], test)["accuracy"]
+            return accuracy[key]
+
+        stream = S.balanced_subsets(n, args.k, max(args.budgets), np.random.default_rng(seed))
+        losses = memo.evaluate(pool, validation, stream).losses
+        for m in args.budgets:
+            for est, fn in (("mean", S.mean_affinity), ("ridge", S.ridge_affinity)):
+                scores, _ = fn(stream[:m], losses[:m], n)
+                rows.append({"seed": seed, "estimator": est, "subsets": m,
+                             "test_accuracy": test_acc(S.top_k(np.nan_to_num(scores, nan=-np.inf), args.k))})
+            for est in ("mean", "ridge"):
+                sel = S.AffinitySelector(memo, subsets=m, estimator=est, adaptive=0.5, coverage=0).select(
+                    pool, validation, args.k, np.random.default_rng(seed + 1000))
+                rows.append({"seed": seed, "estimator": f"{est}+adaptive", "subsets": m,
+                             "test_accuracy": test_acc(sel.indices)})
+            _log(f"seed {seed} M={m}: " + ", ".join(f"{r['estimator']} {r['test_accuracy']:.3f}"
+                                                    for r in rows if r["seed"] == seed and r["subsets"] == m))
+    curve = {}
+    for r in rows:
+        curve.setdefault(r["estimator"], {}).setdefault(r["subsets"], []).append(r["test_accuracy"])
+    curve = {e: {m: float(np.mean(v)) for m, v in sorted(c.items())} for e, c in curve.items()}
+    target = curve["mean"][max(args.budgets)]
+    needed = {e: next((m for m, a in c.items() if a >= target - 1e-9), None) for e, c in curve.items()}
+    return {"model": args.model, "task": args.task, "k": args.k, "evaluator": args.evaluator, "rows": rows,
+            "curve": curve, "target": target, "subsets_to_reach_mean_at_max": needed,
+            "settings": {k: getattr(args, k) for k in ("pool_size", "queries", "test_size", "seeds", "budgets")}}
+
+
+def _markdown(kind: str, result: dict) -> str:
+    if kind == "select-cost":
+        lines = ["| k | prompt tokens | evaluator | GFLOP / subset | s / subset | FLOPs vs compressed | "
+                 "time vs compressed |", "|---:|---:|---|---:|---:|---:|---:|"]
+        for r in result["rows"]:
+            lines.append(f"| {r['k']} | {r['prompt_tokens']:.0f} | {r['evaluator']} | "
+                         f"{r['flops_per_subset'] / 1e9:.2f} | {r['seconds_per_subset']:.2f} | "
+                         f"{r['flops_vs_compressed']:.1f}x | {r['seconds_vs_compressed']:.1f}x |")
+        return "\n".join(lines)
+    if kind == "select-quality":
+        methods = list(next(iter(result["table"].values())))
+        lines = ["| task | " + " | ".join(methods) + " |", "|---|" + "---:|" * len(methods)]
+        for task, row in result["table"].items():
+            lines.append(f"| {task} | " + " | ".join(f"{100 * m:.1f} ± {100 * s:.1f}" for m, s in row.values()) + " |")
+        means = [np.mean([result["table"][t][m][0] for t in result["table"]]) for m in methods]
+        lines.append("| **mean** | " + " | ".join(f"**{100 * m:.1f}**" for m in means) + " |")
+        return "\n".join(lines)
+    budgets = sorted({m for c in result["curve"].values() for m in c})
+    lines = ["| estimator | " + " | ".join(f"M={m}" for m in budgets) + " | subsets to reach mean@max |",
+             "|---|" + "---:|" * (len(budgets) + 1)]
+    for est, c in result["curve"].items():
+        lines.append(f"| {est} | " + " | ".join(f"{100 * c[m]:.1f}" for m in budgets)
+                     + f" | {result['subsets_to_reach_mean_at_max'][est]} |")
+    return "\n".join(lines)
+
+
+def _run(kind: str, fn):
+    def go(args: argparse.Namespace) -> int:
+        result = fn(args)
+        result["argv"] = getattr(args, "argv", None)
+        if args.json_out:
+            from icl_ssm import atomic
+
+            atomic.write_json(args.json_out, result)
+        print(_markdown(kind, result))
+        return 0
+
+    return go
+
+
+def add_kinds(kinds: argparse._SubParsersAction) -> None:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--model", default=DEFAULT_MODEL)
+    common.add_argument("--compressor", help="compressor directory (the compressed evaluator)")
+    common.add_argument("--queries", type=int, default=32, help="validation queries per subset")
+    common.add_argument("--batch", type=int, default=8)
+    common.add_argument("--query-batch", type=int, default=32)
+    common.add_argument("--json-out", help="also write the full result as JSON here")
+
+    p = kinds.add_parser("select-cost", parents=[common], formatter_class=fmt,
+                         help="FLOPs and seconds per subset of the compressed, dense and per-query evaluators")
+    p.add_argument("--task", default="rotten_tomatoes")
+    p.add_argument("--k", type=int, nargs="+", default=[20, 50, 200])
+    p.add_argument("--subsets", type=int, default=2, help="timed subsets per evaluator (after one warm-up)")
+    p.add_argument("--per-query-max-k", type=int, default=50, help="largest k the per-query evaluator runs at")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_run("select-cost", select_cost))
+
+    p = kinds.add_parser("select-quality", parents=[common], formatter_class=fmt,
+                         help="test accuracy of every selection method over tasks and seeds")
+    p.add_argument("--tasks", nargs="+", default=["rotten_tomatoes", "cr", "coin_flip", "modular_addition",
+                                                  "edge_existence"])
+    p.add_argument("--methods", nargs="+", default=["affinity", "affinity:dense", "random", "bm25", "topk"],
+                   help="METHOD or affinity:EVALUATOR")
+    p.add_argument("--k", type=int, default=20)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--pool-size", type=int, default=100)
+    p.add_argument("--test-size", type=int, default=200)
+    p.add_argument("--subsets", type=int, default=None)
+    p.add_argument("--estimator", default="mean", choices=S.ESTIMATORS)
+    p.set_defaults(func=_run("select-quality", select_quality))
+
+    p = kinds.add_parser("estimators", parents=[common], formatter_class=fmt,
+                         help="selected-set test accuracy against subsets: mean, ridge, adaptive")
+    p.add_argument("--task", default="rotten_tomatoes")
+    p.add_argument("--evaluator", default="compressed", choices=("compressed", "dense"))
+    p.add_argument("--k", type=int, default=20)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--budgets", type=int, nargs="+", default=[10, 20, 40, 80])
+    p.add_argument("--pool-size", type=int, default=100)
+    p.add_argument("--test-size", type=int, default=200)
+    p.set_defaults(func=_run("estimators", estimators))

@@ -1,0 +1,44 @@
+"""The selection benchmarks run end to end on a tiny random model (their numbers are not checked)."""
+
+import json
+
+import torch
+
+from icl_ssm import tasks as T
+from icl_ssm.cli import main
+from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
+from icl_ssm.models import tiny_model
+
+
+def test_selection_benchmarks_produce_tables(tmp_path, capsys):
+    task = T.get_task("coin_flip", size=120)
+    data = tmp_path / "coin.jsonl"
+    data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n" for e in task.examples()))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        config = SSMCompressorConfig.for_teacher(tiny_model("llama").config, state_size=16, num_virtual=4,
+                                                 num_sink=2, latent_size=8)
+        SSMCompressor(config).save_pretrained(tmp_path / "comp")
+    common = ["--model", "tiny-llama", "--compressor", str(tmp_path / "comp"), "--queries", "3"]
+    out = tmp_path / "cost.json"
+    assert main(["bench", "select-cost", *common, "--task", str(data), "--k", "2", "3", "--subsets", "1",
+                 "--per-query-max-k", "2", "--json-out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["k"], r["evaluator"]) for r in rows] == [(2, "compressed"), (2, "dense"), (2, "dense-per-query"),
+                                                       (3, "compressed"), (3, "dense")]
+    assert all(r["flops_per_subset"] > 0 for r in rows)
+    per_query = rows[2]["flops_per_subset"]
+    assert per_query > rows[1]["flops_per_subset"]  # per-query re-reads the prompt for every query
+    assert "| 3 |" in capsys.readouterr().out
+    assert main(["bench", "select-quality", *common, "--tasks", str(data), "--seeds", "0", "1", "--k", "3",
+                 "--pool-size", "20", "--test-size", "4", "--subsets", "8", "--methods", "affinity",
+                 "affinity:dense", "random"]) == 0
+    table = capsys.readouterr().out
+    assert "affinity:dense" in table and "**mean**" in table
+    out = tmp_path / "est.json"
+    assert main(["bench", "estimators", *common, "--task", str(data), "--evaluator", "dense", "--k", "3",
+                 "--seeds", "0", "--budgets", "4", "8", "--pool-size", "12", "--test-size", "4",
+                 "--json-out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["curve"]) == {"mean", "ridge", "mean+adaptive", "ridge+adaptive"}
+    assert result["subsets_to_reach_mean_at_max"]["mean"] <= 8
