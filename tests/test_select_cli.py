@@ -100,3 +100,9 @@ def test_two_processes_select_like_one(files, tmp_path, tmp_cache, capsys):
     two = json.loads(result.stdout)
     assert two["indices"] == one["indices"] and two["subsets"] == 10
     assert json.loads((tmp_path / "two" / "summary.json").read_text())["indices"] == one["indices"]
+
+
+def test_hub_task_offline_is_a_clear_error(capsys, tmp_cache):
+    assert main(["select", "--model", "tiny-llama", "--task", "sst2", "--method", "random", "--k", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "icl-ssm select: error:" in err and "hub" in err and "Traceback" not in err

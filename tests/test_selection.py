@@ -223,3 +223,22 @@ def test_affinity_on_compressed_caches_end_to_end(setup):
     assert 0.0 <= result["accuracy"] <= 1.0 and result["flops"] > 0
     with pytest.raises(ValueError, match="needs a compressor"):
         S.CacheEvaluator(model, builder, "compressed")
+
+
+def test_compress_demonstrations_and_generate(setup):
+    from icl_ssm import cache as K
+
+    model, builder, splits, comp = setup
+    prefix = K.compress_demonstrations(model, comp, builder, splits.pool[:3])
+    assert prefix.batch_size == 1 and prefix.length == comp.config.cache_length
+    query = torch.tensor([builder.build_suffix(splits.test[0]).input_ids])
+    new = K.generate_with_prefix(model, prefix, query, max_new_tokens=2, do_sample=False)
+    assert new.shape == (1, 2)
+
+
+def test_load_pretrained_names_what_is_shipped():
+    from icl_ssm.compressor import find_pretrained, load_pretrained
+
+    assert find_pretrained("tiny-llama", "coin_flip") is None
+    with pytest.raises(ValueError, match="no compressor is shipped for model 'tiny-llama'"):
+        load_pretrained("tiny-llama", "coin_flip")

@@ -186,6 +186,14 @@ def compressed_cache(
     return PrefixCache(keys, values, full_mask, next_position=start + c.num_recent, prompt_length=lengths)
 
 
+def compress_demonstrations(model: PreTrainedModel, compressor: SSMCompressor, builder, demos) -> PrefixCache:
+    """One row: the compressed cache of the prompt ``builder.build_prefix(demos)`` (the
+    header and the demonstrations, as selection evaluates them)."""
+    ids = torch.tensor([builder.build_prefix(list(demos)).input_ids], device=model.device)  # (1, T)
+    with torch.no_grad():
+        return compressed_cache(model, compressor, ids)
+
+
 def window_cache(
     model: PreTrainedModel,
     input_ids: Tensor,

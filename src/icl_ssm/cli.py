@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from icl_ssm.tasks import HubUnavailableError
+
 # module path of each subcommand, in the order of the data flow
 SUBCOMMANDS = {
     "data": "icl_ssm.data_cli",
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # saved beside results so that every number names its command
     try:
         return int(args.func(args) or 0)
-    except ValueError as err:  # bad input: a message the user can act on, no traceback
+    except (ValueError, OSError, HubUnavailableError) as err:  # bad input, no hub, full disk: no traceback
         print(f"icl-ssm {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -20,6 +20,7 @@ Paper: Zhang et al., "Long-Context Demonstration Selection Using State Space Mod
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -270,3 +271,39 @@ def load_compressor(path: str | Path, teacher_config: PreTrainedConfig | None = 
     if teacher_config is not None:
         model.check_teacher(teacher_config)
     return model.eval()
+
+
+# ---------------------------------------------------------------------------------------
+# compressors shipped with the package
+# ---------------------------------------------------------------------------------------
+
+
+def pretrained_root() -> Path:
+    """``icl_ssm/pretrained``: one folder per shipped compressor, each with ``recipe.json``
+    (model, tasks, k and the exact ``icl-ssm distill`` command that reproduces it),
+    ``compressor/`` and, where trained, ``control/``."""
+    from importlib import resources
+
+    return Path(str(resources.files("icl_ssm") / "pretrained"))
+
+
+def find_pretrained(model: str, task: str) -> Path | None:
+    """The shipped folder for ``model`` and ``task``, or None."""
+    root = pretrained_root()
+    for recipe in sorted(root.glob("*/recipe.json")) if root.is_dir() else []:
+        meta = json.loads(recipe.read_text())
+        if meta.get("model") == model and task in meta.get("tasks", []):
+            return recipe.parent
+    return None
+
+
+def load_pretrained(model: str, task: str, teacher_config: PreTrainedConfig | None = None) -> SSMCompressor:
+    """The compressor shipped for ``model`` (an embedded name) and ``task``."""
+    found = find_pretrained(model, task)
+    if found is None:
+        root = pretrained_root()
+        shipped = [json.loads(p.read_text()) for p in sorted(root.glob("*/recipe.json"))] if root.is_dir() else []
+        have = ", ".join(f"{m['model']}/{'+'.join(m['tasks'])}" for m in shipped) or "none"
+        raise ValueError(f"no compressor is shipped for model {model!r} and task {task!r} (shipped: {have}); "
+                         "train one with `icl-ssm distill` and load it with load_compressor(DIR)")
+    return load_compressor(found / "compressor", teacher_config)

@@ -21,14 +21,13 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from icl_ssm import atomic
 from icl_ssm import prompts as P
 from icl_ssm import tasks as T
-from icl_ssm.compressor import load_compressor
+from icl_ssm.compressor import find_pretrained, load_compressor
 from icl_ssm.distill import DistillConfig
 from icl_ssm.fidelity import FidelityConfig, run_fidelity
 from icl_ssm.models import DEFAULT_MODEL, load_model
@@ -103,20 +102,6 @@ class Stages:
         return result
 
 
-def shipped_compressors() -> Path:
-    return Path(str(resources.files("icl_ssm") / "pretrained"))
-
-
-def find_shipped(model: str, task: str) -> Path | None:
-    """The compressor shipped for ``model`` and ``task`` (``pretrained/*/recipe.json``), or None."""
-    root = shipped_compressors()
-    for recipe in sorted(root.glob("*/recipe.json")) if root.is_dir() else []:
-        meta = json.loads(recipe.read_text())
-        if meta.get("model") == model and task in meta.get("tasks", []):
-            return recipe.parent
-    return None
-
-
 @contextmanager
 def stage_bar(description: str, unit: str) -> Iterator[tuple[Callable[[int], None], Callable[[int], None]]]:
     """A progress bar for one stage: ``(on_start(total), advance(n))``; a line per update in logs."""
@@ -155,7 +140,7 @@ def resolve_compressor(cfg: RunConfig, out: Path, stages: Stages) -> dict:
     if cfg.compressor:
         load_compressor(cfg.compressor)  # a clear error now rather than after the other stages
         return {"compressor": str(Path(cfg.compressor).resolve()), "control": cfg.control, "source": "given"}
-    shipped = None if cfg.distill else find_shipped(cfg.model, cfg.task)
+    shipped = None if cfg.distill else find_pretrained(cfg.model, cfg.task)
     if shipped is not None:
         control = shipped / "control"
         recipe = json.loads((shipped / "recipe.json").read_text())
