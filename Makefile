@@ -21,8 +21,11 @@ install: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+DEMO_OUT ?= demo
+
+# the whole method on the embedded SmolLM2-135M; a second run reuses the finished stages
 demo: $(STAMP)
-	$(VENV)/bin/icl-ssm bench scan --quick
+	$(VENV)/bin/icl-ssm run --out $(DEMO_OUT)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests

@@ -53,15 +53,15 @@ class RunConfig:
     num_virtual: int = 16
     num_sink: int = 4
     latent_size: int = 128
-    pool_size: int = 200
-    queries: int = 16  # validation queries per subset
-    test_size: int = 200
+    pool_size: int = 100
+    queries: int = 8  # validation queries per subset
+    test_size: int = 150
     subsets: int | None = None  # affinity budget; default n / (k eps^2)
     estimator: str = "mean"
     methods: tuple[str, ...] = METHODS
     dense_evaluator: bool = True  # also run affinity on dense caches (cost and quality beside)
     fidelity_subsets: int = 30
-    fidelity_queries: int = 8
+    fidelity_queries: int = 4
     batch: int = 8
     query_batch: int = 32
 
