@@ -218,3 +218,24 @@ def test_hybrid_targets_pool_only_what_the_recent_tokens_do_not_keep(tmp_cache):
     keys = K.exact_cache(model, ids).keys
     L = ids.shape[1]
     torch.testing.assert_close(targets["pool_k"][1].float(), TT.pool_kv(keys[1][0], L - 5, 2, 4), rtol=1e-3, atol=1e-3)
+
+
+def test_label_kl_is_the_kl_of_the_renormalised_label_distribution():
+    logp = torch.log_softmax(torch.randn(3, 10), -1)
+    tokens = torch.tensor([[2, 5, -1], [2, 5, -1], [1, 4, 7]])
+    teacher = logp.gather(1, tokens.clamp(min=0))
+    assert D.label_kl(logp, tokens, teacher).abs().max() < 1e-6  # same distribution: 0
+    other = teacher.clone()
+    other[0, 0] += 2.0
+    kl = D.label_kl(logp, tokens, other)
+    t = torch.log_softmax(other[0, :2], -1)
+    s = torch.log_softmax(logp[0, [2, 5]], -1)
+    assert kl[0] == pytest.approx(float((t.exp() * (t - s)).sum()), abs=1e-6) and kl[0] > 0
+    assert D.label_kl(logp, torch.full((3, 2), -1), teacher[:, :2]).abs().max() == 0  # no labels: 0
+
+
+def test_distill_with_the_label_term_logs_it(tmp_cache, tmp_path):
+    out = tmp_path / "run"
+    assert main(["distill", *SMALL, "--lambda-label", "1.0", "--out", str(out)]) == 0
+    history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    assert all(h["label"] >= 0 for h in history if h["stage"] == 2) and any("label" in h for h in history)

@@ -76,6 +76,7 @@ class DistillConfig:
     lambda_kl: float = 1.0
     lambda_hidden: float = 1.0
     lambda_rank: float = 0.0
+    lambda_label: float = 0.0  # KL over the label verbalisers alone (classification), temperature 1
     topk: int = 64
     groups_per_step: int = 1
     warmup_ratio: float = 0.05
@@ -90,7 +91,8 @@ class DistillConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("stage1_epochs", "stage2_epochs", "lambda_kl", "lambda_hidden", "lambda_rank"):
+        for name in ("stage1_epochs", "stage2_epochs", "lambda_kl", "lambda_hidden", "lambda_rank",
+                     "lambda_label"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.stage1_epochs == 0 and self.stage2_epochs == 0:
@@ -132,6 +134,21 @@ def bucket_kl(student_logp: Tensor, top_idx: Tensor, top_logp: Tensor, temperatu
     t = buckets(top_logp.float())
     s = buckets(student_logp.gather(1, top_idx.long()))
     return temperature**2 * (t.exp() * (t - s)).sum(-1)
+
+
+def label_kl(student_logp: Tensor, label_tokens: Tensor, teacher_label_logp: Tensor) -> Tensor:
+    """``KL(P_teacher || P_student)`` of the answer distribution renormalised over the task's
+    label verbalisers (first tokens): the decision the prompt has to carry, which the
+    full-vocabulary KL weighs as two tokens among 49k.
+
+    ``student_logp: (n, V)``; ``label_tokens: (n, L)`` long, -1 for padding;
+    ``teacher_label_logp: (n, L)``. Returns ``(n,)``; 0 where a row has no labels.
+    """
+    valid = label_tokens >= 0
+    s = student_logp.gather(1, label_tokens.clamp(min=0)).masked_fill(~valid, float("-inf")).log_softmax(-1)
+    t = teacher_label_logp.float().masked_fill(~valid, float("-inf")).log_softmax(-1)
+    kl = (t.exp() * (t - s)).masked_fill(~valid, 0.0).sum(-1)
+    return torch.where(valid.any(-1), kl, torch.zeros_like(kl))
 
 
 def hidden_loss(student: Tensor, teacher: Tensor) -> Tensor:
@@ -177,7 +194,13 @@ def group_losses(model, compressor: SSMCompressor, episodes: list[dict], cfg: Di
     teacher_nll = -cat["gold_logp"].view(S, Q)
     rank = rank_loss(student_nll, teacher_nll) if S > 1 else logp.new_zeros(())
     loss = cfg.lambda_kl * kl + cfg.lambda_hidden * hid + cfg.lambda_rank * rank
-    return {"loss": loss, "kl": kl.detach(), "hidden": hid.detach(), "rank": rank.detach()}
+    out = {"kl": kl.detach(), "hidden": hid.detach(), "rank": rank.detach()}
+    if cfg.lambda_label and episodes[0]["label_logp"].shape[-1]:
+        tokens = torch.cat([e["label_tokens"].expand(Q, -1) for e in episodes])  # (S*Q, L)
+        lab = label_kl(logp, tokens.long(), torch.cat([e["label_logp"] for e in episodes])).mean()
+        loss = loss + cfg.lambda_label * lab
+        out["label"] = lab.detach()
+    return {"loss": loss, **out}
 
 
 # ---------------------------------------------------------------------------------------
