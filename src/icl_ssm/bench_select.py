@@ -110,6 +110,18 @@ class _Memo(S.SubsetEvaluator):
         return S.SubsetLosses(np.array([self.memo[tuple(s)] for s in subsets]))
 
 
+def _curve(rows: list[dict], top: int) -> tuple[dict, float, dict]:
+    """Mean accuracy per (estimator, budget); the mean estimator's at the ``top`` budget; and,
+    per estimator, the smallest budget that reaches it."""
+    curve: dict = {}
+    for r in rows:
+        curve.setdefault(r["estimator"], {}).setdefault(r["subsets"], []).append(r["test_accuracy"])
+    curve = {e: {m: float(np.mean(v)) for m, v in sorted(c.items())} for e, c in curve.items()}
+    target = curve["mean"][top]
+    needed = {e: next((m for m, a in c.items() if a >= target - 1e-9), None) for e, c in curve.items()}
+    return curve, target, needed
+
+
 def estimators(args: argparse.Namespace) -> dict:
     model, tokenizer, compressor = _load(args)
     task = T.get_task(args.task)
@@ -143,12 +155,7 @@ def estimators(args: argparse.Namespace) -> dict:
                              "test_accuracy": test_acc(sel.indices)})
             _log(f"seed {seed} M={m}: " + ", ".join(f"{r['estimator']} {r['test_accuracy']:.3f}"
                                                     for r in rows if r["seed"] == seed and r["subsets"] == m))
-    curve = {}
-    for r in rows:
-        curve.setdefault(r["estimator"], {}).setdefault(r["subsets"], []).append(r["test_accuracy"])
-    curve = {e: {m: float(np.mean(v)) for m, v in sorted(c.items())} for e, c in curve.items()}
-    target = curve["mean"][max(args.budgets)]
-    needed = {e: next((m for m, a in c.items() if a >= target - 1e-9), None) for e, c in curve.items()}
+    curve, target, needed = _curve(rows, max(args.budgets))
     return {"model": args.model, "task": args.task, "k": args.k, "evaluator": args.evaluator, "rows": rows,
             "curve": curve, "target": target, "subsets_to_reach_mean_at_max": needed,
             "settings": {k: getattr(args, k) for k in ("pool_size", "queries", "test_size", "seeds", "budgets")}}
@@ -180,12 +187,7 @@ def estimators_sim(args: argparse.Namespace) -> dict:
                     name = est + ("+adaptive" if adaptive else "")
                     rows.append({"seed": seed, "estimator": name, "subsets": m,
                                  "test_accuracy": len(best & set(sel.indices)) / k})
-    curve = {}
-    for r in rows:
-        curve.setdefault(r["estimator"], {}).setdefault(r["subsets"], []).append(r["test_accuracy"])
-    curve = {e: {m: float(np.mean(v)) for m, v in sorted(c.items())} for e, c in curve.items()}
-    target = curve["mean"][max(args.budgets)]
-    needed = {e: next((m for m, a in c.items() if a >= target - 1e-9), None) for e, c in curve.items()}
+    curve, target, needed = _curve(rows, max(args.budgets))
     return {"n": n, "k": k, "signal": args.signal, "noise": args.noise, "rows": rows, "curve": curve,
             "target": target, "subsets_to_reach_mean_at_max": needed, "metric": "recall of the planted best k"}
 

@@ -31,7 +31,7 @@ from icl_ssm.compressor import find_pretrained, load_compressor
 from icl_ssm.distill import DistillConfig
 from icl_ssm.fidelity import FidelityConfig, run_fidelity
 from icl_ssm.models import DEFAULT_MODEL, load_model
-from icl_ssm.select_cli import SelectConfig, select_demonstrations
+from icl_ssm.select_cli import SelectConfig, select_demonstrations, selected_rows
 
 METHODS = ("affinity", "random", "bm25", "topk")
 
@@ -225,9 +225,7 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selecti
     chosen = selections.get("affinity") or next(iter(selections.values()))
     pool = splits.pool
     scores = chosen.get("scores") or [None] * len(pool)
-    atomic.write_jsonl(out / "selected.jsonl", [
-        {"id": pool[i].id, "text": pool[i].input, "label": pool[i].target, "score": scores[i]}
-        for i in chosen["indices"]])
+    atomic.write_jsonl(out / "selected.jsonl", selected_rows(pool, chosen["indices"], scores))
     builder = P.PromptBuilder.for_model(model, tokenizer, T.get_task(cfg.task))
     atomic.write_text(out / "prompt.txt", builder.build_prefix([pool[i] for i in chosen["indices"]]).text)
     dense = selections.get("affinity-dense")

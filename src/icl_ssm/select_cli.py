@@ -138,12 +138,15 @@ def select_demonstrations(
     return selection, summary, list(splits.pool)
 
 
+def selected_rows(pool, indices: list[int], scores: list[float | None]) -> list[dict]:
+    """The lines of ``selected.jsonl``: id, text, label and score of each chosen candidate."""
+    return [{"id": pool[i].id, "text": pool[i].input, "label": pool[i].target, "score": scores[i]} for i in indices]
+
+
 def write_selection(out: Path, selection: S.Selection, summary: dict, pool, builder_text: str, config: dict) -> None:
     """selected.jsonl, prompt.txt, summary.json and select_config.json, each written atomically."""
-    rows = [{"id": pool[i].id, "text": pool[i].input, "label": pool[i].target,
-             "score": None if not np.isfinite(selection.scores[i]) else float(selection.scores[i])}
-            for i in selection.indices]
-    atomic.write_jsonl(out / "selected.jsonl", rows)
+    scores = [float(x) if np.isfinite(x) else None for x in selection.scores]
+    atomic.write_jsonl(out / "selected.jsonl", selected_rows(pool, selection.indices, scores))
     atomic.write_text(out / "prompt.txt", builder_text)
     atomic.write_json(out / "select_config.json", config)
     atomic.write_json(out / "summary.json", summary)
