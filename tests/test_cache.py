@@ -257,3 +257,75 @@ def test_hybrid_cache_keeps_recent_tokens_on_top_of_the_summary(model):
     assert original.next_position.tolist() == [9, 17, 12]
     with pytest.raises(ValueError, match="shorter than num_sink \\+ num_recent"):
         K.compressed_cache(model, small_compressor(model, num_recent=30), ids, mask)
+
+
+# ---------------------------------------------------------------------------------------
+# gated virtual tokens: an additive attention bias per slot, carried by the PrefixCache
+# ---------------------------------------------------------------------------------------
+
+
+def test_zero_bias_is_the_plain_mask(model):
+    """The 4D additive mask (bias path) equals the 2D mask path, padded queries included."""
+    ids, mask = prompts(model)
+    plain = K.compressed_cache(model, small_compressor(model), ids, mask)
+    biased = K.PrefixCache(plain.keys, plain.values, plain.mask, plain.next_position, plain.prompt_length,
+                           bias=torch.zeros(plain.mask.shape))
+    query = torch.randint(5, model.config.vocab_size, (3, 6))
+    qmask = torch.tensor([[1] * 6, [0] * 2 + [1] * 4, [0] * 5 + [1]], dtype=torch.bool)
+    a = K.forward_with_prefix(model, plain, query, qmask).logits
+    b = K.forward_with_prefix(model, biased, query, qmask).logits
+    torch.testing.assert_close(a[qmask], b[qmask], rtol=1e-5, atol=1e-5)
+    bumped = K.PrefixCache(plain.keys, plain.values, plain.mask, plain.next_position, plain.prompt_length,
+                           bias=torch.full(plain.mask.shape, -3.0).index_fill(1, torch.tensor([0]), 0.0))
+    assert not torch.allclose(K.forward_with_prefix(model, bumped, query, qmask).logits[qmask], a[qmask])
+
+
+def test_closed_gate_is_the_window_and_opening_it_trains(model):
+    ids, mask = prompts(model, lengths=(9, 17, 12))
+    query = torch.randint(5, model.config.vocab_size, (3, 4))
+    closed = small_compressor(model, num_recent=3, gate=True, gate_init=-1e4)
+    pc = K.compressed_cache(model, closed, ids, mask)
+    assert pc.length == 2 + 4 + 3 and pc.next_position.tolist() == [5, 5, 5]
+    assert pc.bias.shape == (3, 9) and (pc.bias[:, 2:6] == -1e4).all() and (pc.bias[:, [0, 1, 6, 7, 8]] == 0).all()
+    window = K.window_cache(model, ids, mask, num_sink=2, n_window=3)
+    torch.testing.assert_close(K.forward_with_prefix(model, pc, query).logits,
+                               K.forward_with_prefix(model, window, query).logits, rtol=1e-4, atol=1e-5)
+    # a gate that is open changes the answer, and the loss reaches both the gate and the head
+    ajar = small_compressor(model, num_recent=3, gate=True, gate_init=0.0).train()
+    logits = K.forward_with_prefix(model, K.compressed_cache(model, ajar, ids, mask), query).logits
+    assert not torch.allclose(logits, K.forward_with_prefix(model, window, query).logits, atol=1e-3)
+    logits.logsumexp(-1).sum().backward()
+    assert ajar.gate_bias.grad.abs().sum() > 0 and ajar.to_kv.grad.abs().sum() > 0
+    # rows of a gated cache select and repeat like any other
+    rows = pc.select([2, 0, 2])
+    assert torch.equal(rows.bias, pc.bias[[2, 0, 2]])
+
+
+def test_gated_cache_scores_and_decodes_through_prompts(model):
+    from icl_ssm import prompts as P
+
+    ids, mask = prompts(model, lengths=(9, 17, 12))
+    comp = small_compressor(model, num_recent=3, gate=True, gate_init=-1.0)
+    pc = K.compressed_cache(model, comp, ids, mask)
+    contexts = [[7, 8, 9], [10, 11], [12]]
+    conts = [[13, 14], [15], [16, 17, 18]]
+    fast = P.continuation_logprobs(model, contexts, conts, prefix=pc)
+    ref = P.continuation_logprobs_ref(model, contexts, conts, prefix=pc)
+    torch.testing.assert_close(fast, ref, rtol=1e-4, atol=1e-4)
+    # greedy decoding from the gated cache: each step's 4D mask grows with the tokens seen
+    out = P.greedy_generate(model, contexts, prefix=pc, max_new_tokens=3)
+    for b, ctx in enumerate(contexts):
+        seq = list(ctx)
+        for _ in range(3):
+            step = K.forward_with_prefix(model, pc.select([b]), torch.tensor([seq])).logits[0, -1].argmax().item()
+            seq.append(step)
+        assert out[b] == seq[len(ctx):]
+    with pytest.raises(ValueError, match="gated slots"):
+        K.generate_with_prefix(model, pc, torch.ones(3, 2, dtype=torch.long), max_new_tokens=1)
+
+
+def test_gate_config_is_checked():
+    with pytest.raises(ValueError, match="gate_init must be a finite number"):
+        SSMCompressorConfig.for_teacher(tiny_config("llama"), gate=True, gate_init=float("-inf"))
+    with pytest.raises(ValueError, match="gate=False"):
+        small_compressor(tiny_model("llama")).slot_bias(1)

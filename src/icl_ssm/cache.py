@@ -31,19 +31,23 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
 from icl_ssm.compressor import SSMCompressor
+from icl_ssm.prompts import prefix_attention_mask
 
 
 @dataclass(frozen=True)
 class PrefixCache:
     """``keys``/``values``: one ``(B, H_kv, L, d)`` tensor per layer; ``mask: (B, L)`` bool;
     ``next_position: (B,)`` long, the position id of the first token after the prefix;
-    ``prompt_length: (B,)`` long, real tokens in the prompt the prefix stands for."""
+    ``prompt_length: (B,)`` long, real tokens in the prompt the prefix stands for;
+    ``bias: (B, L)`` float or None, added to the attention logits of every slot (a gated
+    compressor's virtual tokens; 0 for real tokens)."""
 
     keys: tuple[Tensor, ...]
     values: tuple[Tensor, ...]
     mask: Tensor
     next_position: Tensor
     prompt_length: Tensor
+    bias: Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -62,6 +66,7 @@ class PrefixCache:
             mask=self.mask.index_select(0, index),
             next_position=self.next_position.index_select(0, index),
             prompt_length=self.prompt_length.index_select(0, index),
+            bias=None if self.bias is None else self.bias.index_select(0, index),
         )
 
     def repeat_interleave(self, n: int) -> PrefixCache:
@@ -173,8 +178,13 @@ def compressed_cache(
     B = input_ids.shape[0]
     summary = c.num_sink + c.num_virtual
     slot_mask = torch.ones(B, summary, dtype=torch.bool, device=input_ids.device)
-    start = torch.full_like(lengths, summary) if c.position == "compressed" else lengths - c.num_recent
-    prefix = PrefixCache(tuple(keys), tuple(values), slot_mask, next_position=start, prompt_length=lengths)
+    # a gated compressor's virtual tokens take no positions: with its gates closed, the cache is
+    # exactly the sinks (+ recent tokens) of window_cache
+    taken = c.num_sink if c.gate else summary
+    start = torch.full_like(lengths, taken) if c.position == "compressed" else lengths - c.num_recent
+    bias = compressor.slot_bias(B).to(dtype) if c.gate else None  # (B, summary)
+    prefix = PrefixCache(tuple(keys), tuple(values), slot_mask, next_position=start, prompt_length=lengths,
+                         bias=bias)
     if not c.num_recent:
         return prefix
     # hybrid: re-encode the last num_recent real tokens on top of sinks + virtual tokens
@@ -183,7 +193,10 @@ def compressed_cache(
     out = forward_with_prefix(model, prefix, recent)
     keys, values = _kv_from_cache(out.past_key_values)
     full_mask = torch.ones(B, c.cache_length, dtype=torch.bool, device=input_ids.device)
-    return PrefixCache(keys, values, full_mask, next_position=start + c.num_recent, prompt_length=lengths)
+    if bias is not None:
+        bias = torch.cat([bias, bias.new_zeros(B, c.num_recent)], dim=1)
+    return PrefixCache(keys, values, full_mask, next_position=start + c.num_recent, prompt_length=lengths,
+                       bias=bias)
 
 
 def compress_demonstrations(model: PreTrainedModel, compressor: SSMCompressor, builder, demos) -> PrefixCache:
@@ -237,7 +250,7 @@ def query_inputs(prefix: PrefixCache, input_ids: Tensor, attention_mask: Tensor 
         )
     qmask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     position_ids = prefix.next_position[:, None] + (qmask.long().cumsum(1) - 1).clamp(min=0)
-    full_mask = torch.cat([prefix.mask, qmask], dim=1).long()
+    full_mask = prefix_attention_mask(prefix.mask, qmask, prefix.bias, dtype=prefix.keys[0].dtype)
     return {"input_ids": input_ids, "attention_mask": full_mask, "position_ids": position_ids,
             "past_key_values": prefix.to_dynamic()}
 
@@ -264,8 +277,14 @@ def generate_with_prefix(
 
     ``generate`` takes the whole sequence and skips what the cache holds, so the prefix is
     stood for by placeholder ids that are never embedded; position ids follow the prefix's
-    convention.
+    convention. A gated prefix (``bias``) needs a 4D mask that ``generate`` cannot extend:
+    decode from it with :func:`icl_ssm.prompts.generate`.
     """
+    if prefix.bias is not None:
+        raise ValueError(
+            "generate_with_prefix: this prefix has gated slots (a compressor with gate=True), which "
+            "model.generate cannot mask; use icl_ssm.prompts.generate(model, prompts, prefix=...) instead"
+        )
     inputs = query_inputs(prefix, input_ids, attention_mask)
     B, L = prefix.batch_size, prefix.length
     placeholder = torch.zeros(B, L, dtype=input_ids.dtype, device=input_ids.device)

@@ -49,6 +49,11 @@ class SSMCompressorConfig(PreTrainedConfig):
     summarise only what comes before them). Recency carries much of what distinguishes one
     demonstration subset from another; this keeps it exact for a cost of ``num_recent``
     teacher tokens.
+
+    ``gate`` adds a learned bias per virtual token to every attention logit that reads it
+    (``gate_init`` at the start). A strongly negative start makes the virtual tokens all but
+    invisible: the untrained cache is then the sinks (plus the recent tokens) alone, and
+    training opens each gate only as far as the distillation loss gains from it.
     """
 
     model_type = "icl_ssm_compressor"
@@ -72,6 +77,8 @@ class SSMCompressorConfig(PreTrainedConfig):
     method: str = "bilinear"
     control: bool = False
     position: str = "compressed"
+    gate: bool = False
+    gate_init: float = -6.0
     initializer_range: float = 0.02
 
     def __post_init__(self, **kwargs):
@@ -95,6 +102,8 @@ class SSMCompressorConfig(PreTrainedConfig):
             raise ValueError(f"position must be one of {POSITIONS}, got {self.position!r}")
         if not (math.isfinite(self.dt) and self.dt > 0):
             raise ValueError(f"dt must be a finite number > 0, got {self.dt}")
+        if not math.isfinite(self.gate_init):
+            raise ValueError(f"gate_init must be a finite number, got {self.gate_init}")
 
     @classmethod
     def for_teacher(cls, teacher_config: PreTrainedConfig, name: str = "", num_parameters: int = 0,
@@ -180,6 +189,8 @@ class SSMCompressor(PreTrainedModel):
         self.latent_pos = nn.Parameter(torch.empty(G, V, R))
         self.to_kv = nn.Parameter(torch.empty(m, R, 2 * Hkv * d))
         self.kv_bias = nn.Parameter(torch.zeros(m, 2 * Hkv * d))
+        if c.gate:
+            self.gate_bias = nn.Parameter(torch.full((V,), float(c.gate_init)))
         self.group_of_layer = [g for g, layers in enumerate(c.layer_groups()) for _ in layers]
         self.post_init()
 
@@ -214,6 +225,14 @@ class SSMCompressor(PreTrainedModel):
         kv = torch.einsum("bmvr,mrk->mbvk", z, self.to_kv) + self.kv_bias[:, None, None]  # (m, B, V, 2*Hkv*d)
         kv = kv.view(-1, B, V, 2, Hkv, d).permute(3, 0, 1, 4, 2, 5)  # (2, m, B, Hkv, V, d)
         return VirtualKV(keys=kv[0], values=kv[1])
+
+    def slot_bias(self, batch: int) -> Tensor:
+        """Attention-logit bias of the cache's sink and virtual slots ``(batch, num_sink + num_virtual)``:
+        0 for the exact sinks, the learned gate for the virtual tokens (``gate`` only)."""
+        if not self.config.gate:
+            raise ValueError("slot_bias: this compressor has gate=False")
+        bias = torch.cat([self.gate_bias.new_zeros(self.config.num_sink), self.gate_bias])
+        return bias[None].expand(batch, -1)
 
     def forward(self, inputs_embeds: Tensor, attention_mask: Tensor | None = None) -> VirtualKV:
         """``inputs_embeds: (B, T, H)`` (the teacher's token embeddings of the prompt),

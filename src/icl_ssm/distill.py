@@ -40,7 +40,7 @@ from icl_ssm.prompts import pad_ids
 from icl_ssm.teacher import TeacherCache
 
 COMPRESSOR_FIELDS = ("state_size", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size", "system",
-                     "dt", "method", "control", "position")
+                     "dt", "method", "control", "position", "gate", "gate_init")
 
 
 @dataclass
@@ -66,6 +66,8 @@ class DistillConfig:
     method: str = "bilinear"
     control: bool = False
     position: str = "compressed"
+    gate: bool = False  # a learned attention bias per virtual token, starting at gate_init (nearly closed)
+    gate_init: float = -6.0
     # stage 1 (the paper's code: lr 3e-4, 2 epochs)
     stage1_epochs: float = 2.0
     stage1_lr: float = 3e-4

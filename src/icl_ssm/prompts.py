@@ -614,12 +614,12 @@ def continuation_logprobs_ref(
     out = torch.empty(len(requests), dtype=torch.float32, device=device)
     for i, (ctx, cont) in enumerate(requests):
         ids = torch.tensor([ctx + cont], device=device)  # (1, seq)
-        cache, prefix_mask, next_position = _prefix_inputs(
+        cache, prefix_mask, next_position, bias = _prefix_inputs(
             prefix, [rows_of[i]], position_offset, device
-        )  # _, (1, L), (1,)
+        )  # _, (1, L), (1,), None or (1, L)
         positions = next_position[:, None] + torch.arange(ids.shape[1], device=device)  # (1, seq)
         _check_positions(model, int(positions.max()) + 1)
-        mask = torch.cat([prefix_mask, torch.ones_like(ids)], dim=1)  # (1, L + seq)
+        mask = prefix_attention_mask(prefix_mask, torch.ones_like(ids), bias, dtype=model.dtype)
         with torch.no_grad():
             logits = model(
                 input_ids=ids,
@@ -742,11 +742,11 @@ def greedy_generate(
     for start in range(0, len(ids_list), batch_size):
         seqs = ids_list[start : start + batch_size]
         step_ids, mask, positions, _ = _pad(seqs, "left", model)  # (batch, seq) each
-        cache, prefix_mask, next_position = _prefix_inputs(
+        cache, prefix_mask, next_position, bias = _prefix_inputs(
             prefix, rows_of[start : start + len(seqs)], position_offset, device
         )
         positions = positions + next_position[:, None]
-        mask = torch.cat([prefix_mask, mask], dim=1)  # (batch, L + seq)
+        seen = mask  # (batch, seen)
         _check_positions(model, int(positions.max()) + max_new_tokens)
         generated: list[list[int]] = [[] for _ in seqs]
         done = [max_new_tokens == 0] * len(seqs)
@@ -754,7 +754,7 @@ def greedy_generate(
             with torch.no_grad():
                 out = model(
                     input_ids=step_ids,
-                    attention_mask=mask,  # (batch, L + seen)
+                    attention_mask=prefix_attention_mask(prefix_mask, seen, bias, step_ids.shape[1], model.dtype),
                     position_ids=positions,  # (batch, step)
                     past_key_values=cache,
                     use_cache=True,
@@ -773,7 +773,7 @@ def greedy_generate(
                     done[b] = True
             step_ids = next_ids[:, None]  # (batch, 1)
             positions = positions[:, -1:] + 1  # (batch, 1)
-            mask = torch.cat([mask, mask.new_ones(len(seqs), 1)], dim=1)
+            seen = torch.cat([seen, seen.new_ones(len(seqs), 1)], dim=1)
         outputs.extend(generated)
     return outputs
 
@@ -900,13 +900,13 @@ def _forward_logprobs(
     """Log-softmax of the logits at positions ``keep``: (batch, len(keep), vocab) float32.
 
     ``input_ids``, ``attention_mask``, ``position_ids``: (batch, seq), positions counted from
-    0; ``prefix_inputs``: (cache or None, prefix mask (batch, L), next position (batch,)).
+    0; ``prefix_inputs``: (cache or None, prefix mask (batch, L), next position (batch,), bias).
     """
-    cache, prefix_mask, next_position = prefix_inputs
+    cache, prefix_mask, next_position, bias = prefix_inputs
     positions = position_ids + next_position[:, None]  # (batch, seq)
     _check_positions(model, int(positions.max()) + 1)
     kwargs: dict[str, Any] = {
-        "attention_mask": torch.cat([prefix_mask, attention_mask], dim=1),  # (batch, L + seq)
+        "attention_mask": prefix_attention_mask(prefix_mask, attention_mask, bias, dtype=model.dtype),
         "position_ids": positions,
         "past_key_values": cache,
         "use_cache": cache is not None,
@@ -965,8 +965,9 @@ def _prefix_batch_size(prefix: Any) -> int:
 
 def _prefix_inputs(
     prefix: Any, rows: Sequence[int], position_offset: int | None, device: torch.device
-) -> tuple[Any, torch.Tensor, torch.Tensor]:
-    """(fresh cache or None, prefix attention mask (B, L) long, next position (B,) long).
+) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(fresh cache or None, prefix attention mask (B, L) long, next position (B,) long,
+    additive attention bias of the prefix slots (B, L) or None).
 
     With a plain transformers Cache this is the module's only contact with the Cache API:
     ``copy.deepcopy``, ``get_seq_length`` and ``batch_repeat_interleave``.
@@ -974,7 +975,7 @@ def _prefix_inputs(
     n = len(rows)
     if prefix is None:
         start = torch.full((n,), position_offset or 0, dtype=torch.long, device=device)
-        return None, torch.zeros(n, 0, dtype=torch.long, device=device), start
+        return None, torch.zeros(n, 0, dtype=torch.long, device=device), start, None
     if _is_prefix_like(prefix):
         if position_offset is not None:
             raise ValueError(
@@ -982,14 +983,45 @@ def _prefix_inputs(
                 "positions itself (next_position)"
             )
         sub = prefix.select(torch.tensor(list(rows), dtype=torch.long))
-        return sub.to_dynamic(), sub.mask.long().to(device), sub.next_position.long().to(device)
+        bias = getattr(sub, "bias", None)
+        return (sub.to_dynamic(), sub.mask.long().to(device), sub.next_position.long().to(device),
+                None if bias is None else bias.to(device))
     cache = copy.deepcopy(prefix)  # forward passes append to a cache in place
     length = int(cache.get_seq_length())
     if n > 1:
         cache.batch_repeat_interleave(n)
     start = length if position_offset is None else position_offset
     mask = torch.ones(n, length, dtype=torch.long, device=device)
-    return cache, mask, torch.full((n,), start, dtype=torch.long, device=device)
+    return cache, mask, torch.full((n,), start, dtype=torch.long, device=device), None
+
+
+
+def prefix_attention_mask(
+    prefix_mask: torch.Tensor,
+    seen_mask: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    num_new: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The ``attention_mask`` for a forward after a prefix.
+
+    ``prefix_mask: (B, L)`` real prefix slots; ``seen_mask: (B, S)`` the tokens after the
+    prefix so far, the last ``num_new`` (default: all) being this forward's inputs. Without
+    ``bias`` this is the usual 2D mask ``(B, L + S)``. ``bias: (B, L)`` adds a float to the
+    attention logits of every prefix slot (a gated compressed cache): the mask becomes the 4D
+    additive float mask ``(B, 1, num_new, L + S)`` that transformers passes to attention as-is,
+    causal over the tokens after the prefix.
+    """
+    if bias is None:
+        return torch.cat([prefix_mask.long(), seen_mask.long()], dim=1)
+    B, S = seen_mask.shape
+    q = S if num_new is None else num_new
+    low = torch.finfo(dtype).min
+    prefix = torch.where(prefix_mask.bool(), bias.to(dtype), torch.full_like(bias, low, dtype=dtype))  # (B, L)
+    rows = torch.arange(S - q, S, device=seen_mask.device)[:, None]  # (q, 1): absolute index of each new token
+    allowed = (torch.arange(S, device=seen_mask.device)[None] <= rows)[None] & seen_mask.bool()[:, None]  # (B, q, S)
+    after = torch.zeros(B, q, S, dtype=dtype, device=seen_mask.device).masked_fill(~allowed, low)
+    return torch.cat([prefix[:, None].expand(B, q, -1), after], dim=2)[:, None]  # (B, 1, q, L + S)
 
 
 def _check_positions(model: PreTrainedModel, needed: int) -> None:
