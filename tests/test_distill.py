@@ -239,3 +239,16 @@ def test_distill_with_the_label_term_logs_it(tmp_cache, tmp_path):
     assert main(["distill", *SMALL, "--lambda-label", "1.0", "--out", str(out)]) == 0
     history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
     assert all(h["label"] >= 0 for h in history if h["stage"] == 2) and any("label" in h for h in history)
+
+
+def test_gated_compressor_trains_its_gates_and_resumes(tmp_cache, tmp_path):
+    gated = [*SMALL, "--num-recent", "2", "--gate", "--gate-init", "-3.0", "--gate-lr", "0.2",
+             "--stage2-epochs", "2"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert main(["distill", *gated, "--out", str(straight)]) == 0
+    gate = weights(straight)["gate_bias"]
+    assert gate.shape == (4,) and (gate != -3.0).all()  # stage 2 moved every gate, at the gates' own rate
+    assert (gate + 3.0).abs().max() > 0.1
+    assert main(["distill", *gated, "--out", str(resumed), "--stop-after", "9"]) == 0
+    assert main(["distill", *gated, "--out", str(resumed), "--resume"]) == 0
+    assert same_weights(straight, resumed)

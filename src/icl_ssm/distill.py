@@ -68,6 +68,7 @@ class DistillConfig:
     position: str = "compressed"
     gate: bool = False  # a learned attention bias per virtual token, starting at gate_init (nearly closed)
     gate_init: float = -6.0
+    gate_lr: float = 0.1  # the gates' own learning rate (same schedule): a gate moves ~lr per step under Adam
     # stage 1 (the paper's code: lr 3e-4, 2 epochs)
     stage1_epochs: float = 2.0
     stage1_lr: float = 3e-4
@@ -94,7 +95,7 @@ class DistillConfig:
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         for name in ("stage1_epochs", "stage2_epochs", "lambda_kl", "lambda_hidden", "lambda_rank",
-                     "lambda_label"):
+                     "lambda_label", "gate_lr"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.stage1_epochs == 0 and self.stage2_epochs == 0:
@@ -341,7 +342,10 @@ def train(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         compressor = SSMCompressor(ccfg).train()
-    optimizer = torch.optim.AdamW(compressor.parameters(), lr=cfg.stage1_lr, weight_decay=cfg.weight_decay)
+    gates = [p for n, p in compressor.named_parameters() if n == "gate_bias"]
+    rest = [p for n, p in compressor.named_parameters() if n != "gate_bias"]
+    param_groups = [{"params": rest}] + ([{"params": gates, "gate": True, "weight_decay": 0.0}] if gates else [])
+    optimizer = torch.optim.AdamW(param_groups, lr=cfg.stage1_lr, weight_decay=cfg.weight_decay)
     groups: dict[int, list[int]] = {}
     for i, e in enumerate(teacher.episodes):
         groups.setdefault(e.group, []).append(i)
@@ -364,7 +368,7 @@ def train(
         lo, hi = schedule.stage_bounds(stage)
         base = cfg.stage1_lr if stage == 1 else cfg.stage2_lr
         for pg in optimizer.param_groups:
-            pg["lr"] = base * _lr_factor(step, lo, hi, cfg.warmup_ratio)
+            pg["lr"] = (cfg.gate_lr if pg.get("gate") else base) * _lr_factor(step, lo, hi, cfg.warmup_ratio)
         mine = group_ids[rank::world]
         total = None
         logs: dict[str, float] = {}
