@@ -249,6 +249,8 @@ def test_gated_compressor_trains_its_gates_and_resumes(tmp_cache, tmp_path):
     gate = weights(straight)["gate_bias"]
     assert gate.shape == (4,) and (gate != -3.0).all()  # stage 2 moved every gate, at the gates' own rate
     assert (gate + 3.0).abs().max() > 0.1
+    history = [json.loads(line) for line in (straight / "history.jsonl").read_text().splitlines()]
+    assert history[-1]["gate_mean"] == pytest.approx(gate.mean().item(), abs=1e-6)
     assert main(["distill", *gated, "--out", str(resumed), "--stop-after", "9"]) == 0
     assert main(["distill", *gated, "--out", str(resumed), "--resume"]) == 0
     assert same_weights(straight, resumed)

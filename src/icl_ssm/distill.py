@@ -398,6 +398,8 @@ def train(
             logs = {n: v / world for n, v in zip(names, values.tolist())}
         record = {"step": step, "stage": stage, "lr": optimizer.param_groups[0]["lr"], **logs,
                   "seconds": time.perf_counter() - t0}
+        if gates:  # how far the virtual tokens have been let in
+            record["gate_mean"], record["gate_max"] = gates[0].mean().item(), gates[0].max().item()
         history.append(record)
         if progress and accelerator.is_main_process:
             progress({**record, "total_steps": len(schedule.steps)})

@@ -91,7 +91,7 @@ def run_distill(args: argparse.Namespace) -> int:
         plain = main and not sys.stderr.isatty()  # logs get a line every 10 steps instead of a bar
 
         def show(record: dict) -> None:
-            keys = ("kv", "kl", "hidden", "rank", "label")
+            keys = ("kv", "kl", "hidden", "rank", "label", "gate_mean")
             info = f"stage {record['stage']} loss {record['loss']:.4f} " + " ".join(
                 f"{k} {record[k]:.4f}" for k in keys if k in record)
             info += f" | {(record['step'] + 1) / max(record['seconds'], 1e-9):.2f} steps/s"
