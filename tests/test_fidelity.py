@@ -240,3 +240,14 @@ def test_bad_inputs(capsys, files, extra, message):
     extra = [{"COMP": files["comp"], "QWEN": files["qwen"]}.get(a, a) for a in extra]
     assert main(["fidelity", *cli_args(files), *extra]) == 2
     assert pytest.importorskip("re").search(message, capsys.readouterr().err)
+
+
+def test_window_comparator_has_the_size_of_a_hybrid_cache(llama):
+    llama = llama[0]
+    comp = SSMCompressor(SSMCompressorConfig.for_teacher(llama.config, num_recent=3, gate=True, **SMALL)).eval()
+    ids = torch.randint(5, llama.config.vocab_size, (2, 30))
+    paths = F.cache_paths(llama, comp)
+    with torch.no_grad():
+        compressed, window = paths["compressed"](ids, None), paths["window"](ids, None)
+    assert compressed.length == window.length == 2 + 4 + 3
+    assert F.cache_paths(llama, comp, n_window=5)["window"](ids, None).length == 2 + 5

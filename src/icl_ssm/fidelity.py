@@ -341,9 +341,10 @@ def cache_paths(
 ) -> dict[str, CacheBuilder]:
     """The cache builders ``icl-ssm fidelity`` compares: ``dense`` (the teacher's own K/V),
     ``compressed``, ``control`` (when given) and ``window`` (the compressor's sinks + the last
-    ``n_window`` prompt tokens, default its ``num_virtual``, same position convention)."""
+    ``n_window`` prompt tokens, default its ``num_virtual + num_recent``: the same cache size,
+    same position convention)."""
     c = compressor.config
-    n_window = c.num_virtual if n_window is None else n_window
+    n_window = c.num_virtual + c.num_recent if n_window is None else n_window
     if n_window < 0:
         raise ValueError(f"n_window={n_window}: expected >= 0 prompt tokens")
     paths: dict[str, CacheBuilder] = {
@@ -487,7 +488,7 @@ class FidelityConfig:
     queries: int = 32
     seed: int = 0
     loss: str = "nll"
-    n_window: int | None = None  # default: the compressor's num_virtual
+    n_window: int | None = None  # default: the compressor's num_virtual + num_recent (the same cache size)
     batch: int = 4  # subsets per cache batch
     query_batch: int = 16  # (subset, query) pairs per forward
     chat: bool = False
@@ -557,7 +558,7 @@ def run_fidelity(
         "num_sink": c.num_sink,
         "num_virtual": c.num_virtual,
         "position": c.position,
-        "n_window": c.num_virtual if config.n_window is None else config.n_window,
+        "n_window": c.num_virtual + c.num_recent if config.n_window is None else config.n_window,
         "compressor_control": bool(c.control),
     }
     report.update(fidelity_report(dense, *results["compressed"]))
@@ -623,7 +624,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loss", choices=LOSSES, default="nll",
                    help="per-query loss: gold-verbaliser NLL, or cross-entropy over the label set")
     p.add_argument("--n-window", type=int, default=None,
-                   help="prompt tokens the window comparator keeps (default: the compressor's num_virtual)")
+                   help="prompt tokens the window comparator keeps (default: the compressor's num_virtual + "
+                        "num_recent, the same cache size)")
     p.add_argument("--batch", type=int, default=4, help="subsets per cache batch")
     p.add_argument("--query-batch", type=int, default=16, help="(subset, query) pairs per forward")
     p.add_argument("--chat", action="store_true", help="format through the tokenizer's chat template")
