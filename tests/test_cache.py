@@ -320,8 +320,28 @@ def test_gated_cache_scores_and_decodes_through_prompts(model):
             step = K.forward_with_prefix(model, pc.select([b]), torch.tensor([seq])).logits[0, -1].argmax().item()
             seq.append(step)
         assert out[b] == seq[len(ctx):]
-    with pytest.raises(ValueError, match="gated slots"):
-        K.generate_with_prefix(model, pc, torch.ones(3, 2, dtype=torch.long), max_new_tokens=1)
+    with pytest.raises(ValueError, match="decoded greedily; got do_sample=True"):
+        K.generate_with_prefix(model, pc, torch.ones(3, 2, dtype=torch.long), max_new_tokens=1, do_sample=True)
+    with pytest.raises(ValueError, match="got num_beams"):
+        K.generate_with_prefix(model, pc, torch.ones(3, 2, dtype=torch.long), num_beams=2)
+
+
+@pytest.mark.parametrize("eos", [None, "frequent"])
+def test_generate_from_a_closed_gate_equals_generate_from_the_window(model, eos):
+    """The greedy path for gated caches against model.generate on the window it starts as."""
+    ids, mask = prompts(model, lengths=(9, 17, 12))
+    query = torch.randint(5, model.config.vocab_size, (3, 4))
+    qmask = torch.tensor([[1] * 4, [0, 1, 1, 1], [0, 0, 1, 1]], dtype=torch.bool)
+    gated = K.compressed_cache(model, small_compressor(model, num_recent=3, gate=True, gate_init=-1e4), ids, mask)
+    window = K.window_cache(model, ids, mask, num_sink=2, n_window=3)
+    kw = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    if eos == "frequent":  # the token the window's first step emits most: some rows stop early
+        first = K.generate_with_prefix(model, window, query, qmask, max_new_tokens=1, do_sample=False)
+        kw["eos_token_id"] = int(first[:, 0].mode().values)
+    else:
+        kw["eos_token_id"] = None
+    expected = K.generate_with_prefix(model, window, query, qmask, **kw)
+    torch.testing.assert_close(K.generate_with_prefix(model, gated, query, qmask, **kw), expected, rtol=0, atol=0)
 
 
 def test_gate_config_is_checked():
