@@ -30,6 +30,8 @@ def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tm
     report = json.loads((out / "report.json").read_text())
     assert report["compressor"]["source"] == "distilled"
     assert (out / "compressor" / "model.safetensors").exists()
+    shape = json.loads((out / "compressor" / "config.json").read_text())
+    assert shape["gate"] and shape["num_recent"] == 16  # the distilled default is the gated hybrid
     methods = [r["method"] for r in report["selections"]]
     assert methods == ["affinity", "affinity (dense)", "random", "bm25", "topk"]
     assert all(0.0 <= r["test_accuracy"] <= 1.0 for r in report["selections"])

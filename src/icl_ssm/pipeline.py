@@ -53,6 +53,8 @@ class RunConfig:
     num_virtual: int = 16
     num_sink: int = 4
     latent_size: int = 128
+    num_recent: int = 16  # the gated hybrid (BENCHMARKS.md, run G): exact recent tokens + gated virtual tokens
+    gate: bool = True
     pool_size: int = 100
     queries: int = 8  # validation queries per subset
     test_size: int = 150
@@ -149,7 +151,8 @@ def resolve_compressor(cfg: RunConfig, out: Path, stages: Stages) -> dict:
                 (str(control) if control.is_dir() else None), "source": "shipped", "recipe": recipe}
     dcfg = DistillConfig(model=cfg.model, tasks=(cfg.task,), k=cfg.k, samples=cfg.distill_samples,
                          seed=cfg.seed, state_size=cfg.state_size, num_virtual=cfg.num_virtual,
-                         num_sink=cfg.num_sink, latent_size=cfg.latent_size,
+                         num_sink=cfg.num_sink, latent_size=cfg.latent_size, num_recent=cfg.num_recent,
+                         gate=cfg.gate, gate_init=-4.0, gate_lr=0.1,
                          stage1_epochs=cfg.distill_epochs, stage2_epochs=cfg.distill_epochs,
                          stage2_lr=1e-3, lambda_rank=1.0)
     key = _key(asdict(dcfg))
@@ -278,9 +281,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--distill", action="store_true", help="distil a compressor even if one is shipped")
     p.add_argument("--distill-samples", type=int, default=d.distill_samples, help="training subsets when distilling")
     p.add_argument("--distill-epochs", type=float, default=d.distill_epochs, help="epochs of each stage")
-    for name in ("state_size", "num_virtual", "num_sink", "latent_size"):
+    for name in ("state_size", "num_virtual", "num_sink", "latent_size", "num_recent"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name),
                        help="compressor shape when distilling")
+    p.add_argument("--gate", action=argparse.BooleanOptionalAction, default=d.gate,
+                   help="when distilling: gated virtual tokens beside the exact recent tokens")
     p.add_argument("--pool-size", type=int, default=d.pool_size, help="candidates to select from")
     p.add_argument("--queries", type=int, default=d.queries, help="validation queries per subset")
     p.add_argument("--test-size", type=int, default=d.test_size, help="test examples per evaluation")
