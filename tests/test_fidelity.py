@@ -218,6 +218,22 @@ def test_command_without_control_and_determinism(capsys, files):
     assert timing(first) == timing(second)
 
 
+def test_also_evaluates_further_compressors_on_the_same_subsets(capsys, files):
+    out = run_json(capsys, *cli_args(files, "--control", files["ctl"], "--also", f"same={files['comp']}",
+                                     f"ctl={files['ctl']}"))
+    same, ctl = out["also"]["same"], out["also"]["ctl"]
+    assert out["config"]["also"] == {"same": files["comp"], "ctl": files["ctl"]}
+    assert same["cache_tokens"] == ctl["cache_tokens"] == out["cache_tokens"]
+    # the same compressor again gives the main path's numbers; the control's, the control_ ones
+    for key in ("rel_logit_err", "kl", "top1_agree", "subset_loss_spearman", "subset_loss_mean", "flops"):
+        main_key = {"subset_loss_mean": "compressed_subset_loss_mean", "flops": "flops_compressed"}.get(key, key)
+        assert same[key] == pytest.approx(out[main_key]), key
+        assert ctl[key] == out[f"control_{key}"], key
+    assert same["acc"] == out["acc_compressed"]
+    assert main(["fidelity", *cli_args(files, "--subsets", "2", "--also", f"same={files['comp']}")]) == 0
+    assert "same_subset_loss_spearman" in capsys.readouterr().out
+
+
 def test_command_prints_a_table(capsys, files):
     assert main(["fidelity", *cli_args(files, "--subsets", "2")]) == 0
     assert "subset_loss_spearman" in capsys.readouterr().out
@@ -234,10 +250,14 @@ def test_command_prints_a_table(capsys, files):
         (["--compressor", "QWEN"], "cannot serve this model: head_dim"),
         (["--compressor", "/nonexistent"], "compressor directory '/nonexistent' does not exist"),
         (["--n-window", "-1"], "--n-window -1: expected >= 0"),
+        (["--also", "COMP"], "expected NAME=DIR"),
+        (["--also", "a=COMP", "a=COMP"], "the name 'a' is given twice"),
+        (["--also", "window=COMP"], r"the names \['window'\] are taken"),
+        (["--also", "q=QWEN"], "cannot serve this model: head_dim"),
     ],
 )
 def test_bad_inputs(capsys, files, extra, message):
-    extra = [{"COMP": files["comp"], "QWEN": files["qwen"]}.get(a, a) for a in extra]
+    extra = [a.replace("COMP", files["comp"]).replace("QWEN", files["qwen"]) for a in extra]
     assert main(["fidelity", *cli_args(files), *extra]) == 2
     assert pytest.importorskip("re").search(message, capsys.readouterr().err)
 

@@ -338,12 +338,17 @@ def cache_paths(
     *,
     control: SSMCompressor | None = None,
     n_window: int | None = None,
+    also: dict[str, SSMCompressor] | None = None,
 ) -> dict[str, CacheBuilder]:
     """The cache builders ``icl-ssm fidelity`` compares: ``dense`` (the teacher's own K/V),
-    ``compressed``, ``control`` (when given) and ``window`` (the compressor's sinks + the last
+    ``compressed``, ``control`` (when given), ``window`` (the compressor's sinks + the last
     ``n_window`` prompt tokens, default its ``num_virtual + num_recent``: the same cache size,
-    same position convention)."""
+    same position convention) and one path per compressor in ``also`` (other compressors
+    compared on the same subsets and queries, e.g. the variants of an ablation)."""
     c = compressor.config
+    clash = sorted(set(also or ()) & {"dense", "compressed", "control", "window"})
+    if clash:
+        raise ValueError(f"also: the names {clash} are taken by the built-in paths; choose other names")
     n_window = c.num_virtual + c.num_recent if n_window is None else n_window
     if n_window < 0:
         raise ValueError(f"n_window={n_window}: expected >= 0 prompt tokens")
@@ -354,6 +359,8 @@ def cache_paths(
     if control is not None:
         paths["control"] = lambda ids, mask: K.compressed_cache(model, control, ids, mask)
     paths["window"] = lambda ids, mask: K.window_cache(model, ids, mask, c.num_sink, n_window, c.position)
+    for name, other in (also or {}).items():
+        paths[name] = lambda ids, mask, other=other: K.compressed_cache(model, other, ids, mask)
     return paths
 
 
@@ -489,6 +496,7 @@ class FidelityConfig:
     seed: int = 0
     loss: str = "nll"
     n_window: int | None = None  # default: the compressor's num_virtual + num_recent (the same cache size)
+    also: dict[str, str] = field(default_factory=dict)  # name -> another compressor directory, same subsets
     batch: int = 4  # subsets per cache batch
     query_batch: int = 16  # (subset, query) pairs per forward
     chat: bool = False
@@ -538,7 +546,8 @@ def run_fidelity(
     subsets = sample_subsets(splits.pool, config.k, config.subsets, rng)
     builder = P.PromptBuilder.for_model(model, tokenizer, task, chat=config.chat)
     prefixes = [builder.build_prefix([splits.pool[i] for i in subset]) for subset in subsets]
-    paths = cache_paths(model, compressor, control=control, n_window=config.n_window)
+    also = {name: load_compressor(path, model.config) for name, path in config.also.items()}
+    paths = cache_paths(model, compressor, control=control, n_window=config.n_window, also=also)
     if on_start is not None:
         on_start(len(prefixes))
     results = evaluate_paths(model, builder, prefixes, queries, paths, loss=config.loss, batch=config.batch,
@@ -566,15 +575,34 @@ def run_fidelity(
         if name in results:
             sub = fidelity_report(dense, *results[name])
             report.update({f"{name}_{new}": sub[old] for old, new in _OTHER_KEYS.items()})
+    if also:
+        report["also"] = {}
+        for name, other in also.items():
+            sub = fidelity_report(dense, *results[name])
+            report["also"][name] = {"cache_tokens": other.config.cache_length,
+                                    **{new: sub[old] for old, new in _OTHER_KEYS.items()}}
     report["config"] = asdict(config)
     return report
+
+
+def _parse_also(items: Sequence[str] | None) -> dict[str, str]:
+    """``--also NAME=DIR ...`` -> {NAME: DIR}."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        name, sep, path = item.partition("=")
+        if not (sep and name and path):
+            raise ValueError(f"--also {item!r}: expected NAME=DIR (a name for the report and a compressor directory)")
+        if name in out:
+            raise ValueError(f"--also: the name {name!r} is given twice")
+        out[name] = path
+    return out
 
 
 def _main(args: argparse.Namespace) -> int:
     config = FidelityConfig(
         model=args.model, task=args.task, k=args.k, compressor=args.compressor, control=args.control,
         subsets=args.subsets, queries=args.queries, seed=args.seed, loss=args.loss, n_window=args.n_window,
-        batch=args.batch, query_batch=args.query_batch, chat=args.chat,
+        also=_parse_also(args.also), batch=args.batch, query_batch=args.query_batch, chat=args.chat,
     )  # fmt: skip
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -599,9 +627,9 @@ def _main(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title=f"{report['model']} - {report['task']} - k={report['k']} - fidelity", show_header=False)
-    for key, value in report.items():
-        if key in ("config", "argv"):
-            continue
+    rows = [(k, v) for k, v in report.items() if k not in ("config", "argv", "also")]
+    rows += [(f"{name}_{k}", v) for name, sub in report.get("also", {}).items() for k, v in sub.items()]
+    for key, value in rows:
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     Console().print(table)
     return 0
@@ -626,6 +654,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-window", type=int, default=None,
                    help="prompt tokens the window comparator keeps (default: the compressor's num_virtual + "
                         "num_recent, the same cache size)")
+    p.add_argument("--also", nargs="+", metavar="NAME=DIR",
+                   help="further compressors to evaluate on the same subsets and queries (an ablation), "
+                        "reported under 'also'")
     p.add_argument("--batch", type=int, default=4, help="subsets per cache batch")
     p.add_argument("--query-batch", type=int, default=16, help="(subset, query) pairs per forward")
     p.add_argument("--chat", action="store_true", help="format through the tokenizer's chat template")
