@@ -75,6 +75,22 @@ def test_spearman_matches_scipy_with_ties(seed):
     assert F.pearson(x, y) == pytest.approx(scipy.stats.pearsonr(x, y).statistic, abs=1e-12)
 
 
+def test_spearman_bootstrap_interval():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=30)
+    y = x + rng.normal(size=30)  # true rho ~ 0.7
+    lo, hi = F.spearman_ci(x, y)
+    assert lo < F.spearman(x, y) < hi and 0.2 < hi - lo < 0.8
+    assert F.spearman_ci(x, y) == (lo, hi)  # seeded
+    x4, y4 = np.tile(x, 4), np.tile(y, 4)  # four times the subsets: about half the width
+    lo4, hi4 = F.spearman_ci(x4, y4)
+    assert hi4 - lo4 < 0.7 * (hi - lo)
+    assert F.spearman_ci(x, x) == (1.0, 1.0)
+    assert all(math.isnan(v) for v in F.spearman_ci(np.ones(10), x[:10]))  # a control's constant losses
+    with pytest.raises(ValueError, match="level=1.5"):
+        F.spearman_ci(x, y, level=1.5)
+
+
 def test_correlation_of_a_constant_is_nan():
     assert math.isnan(F.spearman([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]))
     assert math.isnan(F.pearson([1.0], [2.0]))
@@ -204,6 +220,8 @@ def test_command_reports_every_metric_in_range(capsys, files):
         assert out[f"{prefix}kl"] >= 0 and out[f"{prefix}rel_logit_err"] >= 0
         rho = out[f"{prefix}subset_loss_spearman"]
         assert rho is None or -1 <= rho <= 1  # None: a control's losses are constant over subsets
+        lo, hi = out[f"{prefix}subset_loss_spearman_ci95"]
+        assert rho is None or lo is None or lo <= rho <= hi
     assert out["flops_compressed"] < out["flops_dense"]
     assert out["prompt_tokens_mean"] > out["cache_tokens"]
     assert out["window_rel_logit_err"] >= 0 and out["n_window"] == 4

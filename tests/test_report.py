@@ -25,7 +25,8 @@ def full_report():
              wall_seconds=1.7, subsets=None, indices=[7, 8, 9], dense_flops=None, dense_wall_seconds=None),
     ]
     fid = dict(rel_logit_err=0.0425, kl=0.0031, top1_agree=0.97, acc_dense=0.82, acc_compressed=0.80,
-               subset_loss_spearman=0.91, flops_dense=int(1.1e12), flops_compressed=int(2.2e10),
+               subset_loss_spearman=0.91, subset_loss_spearman_ci95=[0.83, 0.95],
+               flops_dense=int(1.1e12), flops_compressed=int(2.2e10),
                control_rel_logit_err=0.31, control_kl=0.12, control_top1_agree=0.71, control_subset_loss_spearman=0.2,
                subsets=64, queries=32)
     scores = [None if i % 5 == 0 else (i % 13) / 13 - 0.4 for i in range(200)]
@@ -65,8 +66,9 @@ def test_full_report_writes_every_file(tmp_path):
     for file in plots.values():
         assert f"]({file})" in md
     assert "[selected.jsonl](selected.jsonl)" in md and "[prompt.txt](prompt.txt)" in md
-    assert "| compressed | 4.25% | 0.0031 | 0.970 | 0.910 |" in md
-    assert "| control | 31.00% |" in md and "| window |" not in md  # window was not run
+    assert "| compressed | 4.25% | 0.0031 | 0.970 | 0.910 [0.83, 0.95] |" in md
+    assert "| control | 31.00% | 0.1200 | 0.710 | 0.200 |" in md  # no interval given: none shown
+    assert "| window |" not in md  # window was not run
     assert "0.810 ± 0.012" in md and "3.20 TFLOP" in md and "96.00 TFLOP" in md and "30.0x fewer" in md
     assert "160 of 200 pool candidates" in md
     assert leftovers(tmp_path / "out") == []

@@ -108,6 +108,36 @@ def spearman(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -
     return pearson(rankdata(x), rankdata(y))
 
 
+def spearman_ci(
+    x: Sequence[float] | np.ndarray,
+    y: Sequence[float] | np.ndarray,
+    level: float = 0.95,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of :func:`spearman` over resampled (x, y) pairs.
+
+    With 30 subsets a Spearman correlation is uncertain by about +-0.3 (95%), which is the
+    size of the differences between compressors; the interval says so in the report.
+    Resamples with a constant side are dropped; ``(nan, nan)`` when every one is.
+    """
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"spearman_ci needs two 1-D arrays of one length, got {x.shape} and {y.shape}")
+    if not 0 < level < 1:
+        raise ValueError(f"level={level}: expected a coverage between 0 and 1")
+    if len(x) < 3:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(x), size=(resamples, len(x)))
+    rhos = np.array([spearman(x[i], y[i]) for i in draws])
+    rhos = rhos[np.isfinite(rhos)]
+    if not len(rhos):
+        return math.nan, math.nan
+    lo, hi = np.quantile(rhos, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
 # ----------------------------------------------------------------------------- one path
 
 
@@ -434,7 +464,8 @@ def fidelity_report(dense: PrefixEval, other: PrefixEval, agreement: LogitAgreem
     ``agreement``: the per-pair logit comparison, if already computed (streamed); else it is
     computed from both evaluations' logits. Keys: ``rel_logit_err``, ``kl``, ``top1_agree``,
     ``label_agree`` (same predicted label; None for generative tasks), ``acc_dense``,
-    ``acc_compressed``, ``subset_loss_spearman``, ``subset_loss_pearson`` (None when a side is
+    ``acc_compressed``, ``subset_loss_spearman`` (with ``subset_loss_spearman_ci95``, a
+    bootstrap interval over subsets), ``subset_loss_pearson`` (None when a side is
     constant over the subsets, as a control's is), ``dense_subset_loss_mean``/``_std``,
     ``dense_subset_acc_min``/``_max``, ``compressed_subset_loss_mean``, ``flops_*`` and
     ``seconds_*`` (per subset: build its caches and answer all its queries).
@@ -457,6 +488,7 @@ def fidelity_report(dense: PrefixEval, other: PrefixEval, agreement: LogitAgreem
         "acc_dense": _num(dense.correct.mean()),
         "acc_compressed": _num(other.correct.mean()),
         "subset_loss_spearman": _num(spearman(dense_loss, other_loss)),
+        "subset_loss_spearman_ci95": [_num(v) for v in spearman_ci(dense_loss, other_loss)],
         "subset_loss_pearson": _num(pearson(dense_loss, other_loss)),
         "dense_subset_loss_mean": _num(dense_loss.mean()),
         "dense_subset_loss_std": _num(dense_loss.std(ddof=1)) if S > 1 else None,
@@ -474,6 +506,7 @@ def fidelity_report(dense: PrefixEval, other: PrefixEval, agreement: LogitAgreem
 _OTHER_KEYS = {
     "rel_logit_err": "rel_logit_err", "kl": "kl", "top1_agree": "top1_agree", "label_agree": "label_agree",
     "acc_compressed": "acc", "subset_loss_spearman": "subset_loss_spearman",
+    "subset_loss_spearman_ci95": "subset_loss_spearman_ci95",
     "subset_loss_pearson": "subset_loss_pearson", "compressed_subset_loss_mean": "subset_loss_mean",
     "flops_compressed": "flops", "seconds_compressed": "seconds",
 }  # fmt: skip
@@ -682,4 +715,5 @@ __all__ = [
     "rankdata",
     "sample_subsets",
     "spearman",
+    "spearman_ci",
 ]

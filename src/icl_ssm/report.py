@@ -94,8 +94,12 @@ def _fidelity_md(fid: dict | None) -> list[str]:
         values = [fid.get(prefix + key) for key, _, _ in _FIDELITY_COLS]
         if prefix and all(v is None for v in values):
             continue  # this baseline was not run
-        rows.append([name] + [_fmt(v, spec) for v, (_, _, spec) in zip(values, _FIDELITY_COLS)])
-    lines = _table(["Cache"] + [h for _, h, _ in _FIDELITY_COLS], rows)
+        cells = [_fmt(v, spec) for v, (_, _, spec) in zip(values, _FIDELITY_COLS)]
+        ci = fid.get(prefix + "subset_loss_spearman_ci95")
+        if isinstance(ci, list | tuple) and len(ci) == 2 and all(_is_num(v) for v in ci):
+            cells[-1] += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+        rows.append([name] + cells)
+    lines = _table(["Cache"] + [h for _, h, _ in _FIDELITY_COLS[:-1]] + ["Subset-loss Spearman [95% CI]"], rows)
     fd, fc = fid.get("flops_dense"), fid.get("flops_compressed")
     return lines + [
         "",
