@@ -225,6 +225,14 @@ def test_command_reports_every_metric_in_range(capsys, files):
     assert out["flops_compressed"] < out["flops_dense"]
     assert out["prompt_tokens_mean"] > out["cache_tokens"]
     assert out["window_rel_logit_err"] >= 0 and out["n_window"] == 4
+    # the per-subset losses behind every correlation, for plots and re-analysis
+    per = out["per_subset"]
+    assert len(per["ids"]) == 5 and all(len(ids) == len(set(ids)) == 3 for ids in per["ids"])
+    assert set(per["loss"]) == set(per["acc"]) == {"dense", "compressed", "control", "window"}
+    for name, prefix in (("compressed", ""), ("control", "control_"), ("window", "window_")):
+        rho, reported = F.spearman(per["loss"]["dense"], per["loss"][name]), out[f"{prefix}subset_loss_spearman"]
+        assert math.isnan(rho) if reported is None else rho == pytest.approx(reported)
+    assert sum(per["acc"]["dense"]) / 5 == pytest.approx(out["acc_dense"])
 
 
 def test_command_without_control_and_determinism(capsys, files):

@@ -614,6 +614,12 @@ def run_fidelity(
             sub = fidelity_report(dense, *results[name])
             report["also"][name] = {"cache_tokens": other.config.cache_length,
                                     **{new: sub[old] for old, new in _OTHER_KEYS.items()}}
+    # per subset, so the rankings can be plotted or re-analysed without rerunning anything
+    report["per_subset"] = {
+        "ids": [list(map(int, subset)) for subset in subsets],
+        "loss": {name: [_num(v) for v in results[name][0].subset_loss()] for name in results},
+        "acc": {name: [_num(v) for v in results[name][0].subset_acc()] for name in results},
+    }
     report["config"] = asdict(config)
     return report
 
@@ -660,7 +666,7 @@ def _main(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title=f"{report['model']} - {report['task']} - k={report['k']} - fidelity", show_header=False)
-    rows = [(k, v) for k, v in report.items() if k not in ("config", "argv", "also")]
+    rows = [(k, v) for k, v in report.items() if k not in ("config", "argv", "also", "per_subset")]
     rows += [(f"{name}_{k}", v) for name, sub in report.get("also", {}).items() for k, v in sub.items()]
     for key, value in rows:
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
