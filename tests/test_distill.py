@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -116,6 +117,8 @@ def test_distill_trains_and_stage1_loss_decreases(tmp_cache, tmp_path, capsys):
     assert any(h["stage"] == 2 and "kl" in h for h in history)
     assert json.loads((out / "distill_config.json").read_text())["k"] == 4
     assert not (out / "checkpoint").exists()
+    log = capsys.readouterr().err  # not a terminal: plain progress lines instead of bars
+    assert re.search(r"teacher targets (\d+)/\1 episodes", log) and re.search(r"step (\d+)/\1 stage 2", log)
     # the same configuration again: nothing to do
     assert main(["distill", *SMALL, "--stage1-epochs", "12", "--stage1-lr", "3e-3", "--out", str(out)]) == 0
     assert "already trained" in capsys.readouterr().err

@@ -77,18 +77,21 @@ def run_distill(args: argparse.Namespace) -> int:
         (out / "distill_config.json").write_text(json.dumps(asdict(cfg), indent=1))
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+    plain = main and not sys.stderr.isatty()  # a log gets plain lines (teacher shards, every 10 steps)
     with Progress(*columns, disable=not main, transient=False) as bar:
         job = bar.add_task("teacher targets", total=None, info="")
-        directory = build_teacher_cache(
-            model, tokenizer, spec, args.teacher_cache, rank=accelerator.process_index,
-            world=accelerator.num_processes,
-            progress=lambda done, total: bar.update(job, completed=done, total=total),
-        )
+
+        def cached(done: int, total: int) -> None:
+            bar.update(job, completed=done, total=total)
+            if plain and (done % spec.shard_size == 0 or done == total):
+                print(f"teacher targets {done}/{total} episodes, {bar.tasks[job].elapsed or 0:.0f} s",
+                      file=sys.stderr, flush=True)
+
+        directory = build_teacher_cache(model, tokenizer, spec, args.teacher_cache, rank=accelerator.process_index,
+                                        world=accelerator.num_processes, progress=cached)
         accelerator.wait_for_everyone()
         teacher = TeacherCache.open(directory, spec)
         job = bar.add_task("distilling", total=None, info="")
-
-        plain = main and not sys.stderr.isatty()  # logs get a line every 10 steps instead of a bar
 
         def show(record: dict) -> None:
             keys = ("kv", "kl", "hidden", "rank", "label", "gate_mean")
