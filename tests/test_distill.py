@@ -77,6 +77,23 @@ def test_episodes_are_deterministic_grouped_and_disjoint():
         TT.sample_episodes([5], s)
 
 
+def test_shared_tail_groups_differ_only_before_their_last_demonstrations():
+    plain, tailed = spec(episodes=6, group_size=3), spec(episodes=6, group_size=3, shared_tail=2)
+    assert tailed.key() != plain.key()
+    assert plain.key() == "971095e0f6547f29"  # the key of a cache written before shared_tail existed
+    eps = TT.sample_episodes([100], tailed)
+    assert eps == TT.sample_episodes([100], tailed)
+    for group in (eps[:3], eps[3:]):
+        assert len({e.demos[-2:] for e in group}) == 1  # one tail per group
+        assert len({e.demos[:-2] for e in group}) == 3
+        for e in group:
+            assert len(set(e.demos)) == 4 and not set(e.demos) & set(e.queries)
+    assert eps[0].demos[-2:] != eps[3].demos[-2:]
+    for bad in (-1, 4):
+        with pytest.raises(ValueError, match=f"shared_tail must be an integer in \\[0, k=4\\), got {bad}"):
+            spec(shared_tail=bad)
+
+
 def test_teacher_cache_round_trip_and_refusals(tmp_cache, tmp_path):
     model, tok = load_model("tiny-llama")
     s = spec(model_fingerprint=TT.model_fingerprint(model))
@@ -122,6 +139,15 @@ def test_distill_trains_and_stage1_loss_decreases(tmp_cache, tmp_path, capsys):
     # the same configuration again: nothing to do
     assert main(["distill", *SMALL, "--stage1-epochs", "12", "--stage1-lr", "3e-3", "--out", str(out)]) == 0
     assert "already trained" in capsys.readouterr().err
+    # a run saved before a field existed reads as that field's default
+    stored = json.loads((out / "distill_config.json").read_text())
+    del stored["shared_tail"]
+    (out / "distill_config.json").write_text(json.dumps(stored))
+    assert main(["distill", *SMALL, "--stage1-epochs", "12", "--stage1-lr", "3e-3", "--out", str(out)]) == 0
+    assert "already trained" in capsys.readouterr().err
+    assert main(["distill", *SMALL, "--stage1-epochs", "12", "--stage1-lr", "3e-3", "--shared-tail", "1",
+                 "--out", str(out)]) == 2
+    assert "shared_tail: 0 there, 1 requested" in capsys.readouterr().err
 
 
 def test_resume_ends_with_the_same_weights(tmp_cache, tmp_path):

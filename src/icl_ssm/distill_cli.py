@@ -23,8 +23,7 @@ def teacher_spec(cfg: DistillConfig, model) -> TeacherSpec:
     return TeacherSpec(model=cfg.model, model_fingerprint=model_fingerprint(model), tasks=cfg.tasks, k=cfg.k,
                        episodes=cfg.samples, queries=cfg.queries, group_size=cfg.group_size,
                        num_virtual=cfg.num_virtual, num_sink=cfg.num_sink, num_recent=cfg.num_recent,
-                       topk=cfg.topk, seed=cfg.seed,
-                       chat=cfg.chat)
+                       topk=cfg.topk, seed=cfg.seed, chat=cfg.chat, shared_tail=cfg.shared_tail)
 
 
 def check_out(out: Path, cfg: DistillConfig, resume: bool) -> str:
@@ -35,7 +34,9 @@ def check_out(out: Path, cfg: DistillConfig, resume: bool) -> str:
     if stored_path.exists():
         stored = json.loads(stored_path.read_text())
         mine = json.loads(json.dumps(asdict(cfg)))
-        diffs = [f"{k}: {stored.get(k)!r} there, {v!r} requested" for k, v in mine.items() if stored.get(k) != v]
+        default = json.loads(json.dumps(asdict(DistillConfig())))  # a field added later: its default there
+        diffs = [f"{k}: {stored.get(k, default[k])!r} there, {v!r} requested"
+                 for k, v in mine.items() if stored.get(k, default[k]) != v]
         if diffs:
             raise ValueError(f"--out {str(out)!r} holds another run (" + "; ".join(diffs) + "); choose another --out")
         if (out / "model.safetensors").exists() and not (out / "checkpoint").exists():

@@ -62,6 +62,7 @@ class TeacherSpec:
     chat: bool = False
     shard_size: int = 16
     format: int = FORMAT
+    shared_tail: int = 0  # last demonstrations common to the subsets of a group (see sample_episodes)
 
     def __post_init__(self):
         for name in ("k", "episodes", "queries", "group_size", "num_virtual", "topk", "shard_size"):
@@ -70,9 +71,14 @@ class TeacherSpec:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not self.tasks:
             raise ValueError("at least one task is needed")
+        if not isinstance(self.shared_tail, int) or not 0 <= self.shared_tail < self.k:
+            raise ValueError(f"shared_tail must be an integer in [0, k={self.k}), got {self.shared_tail!r}")
 
     def key(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True)
+        fields = asdict(self)
+        if not self.shared_tail:  # added later: caches written before it keep their key
+            del fields["shared_tail"]
+        blob = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     @property
@@ -99,7 +105,13 @@ class Episode:
 
 def sample_episodes(pool_sizes: Sequence[int], spec: TeacherSpec) -> list[Episode]:
     """Deterministic episodes: tasks take turns group by group; within a group, ``group_size``
-    subsets of ``k`` demonstrations share ``queries`` queries drawn from the rest of the pool."""
+    subsets of ``k`` demonstrations share ``queries`` queries drawn from the rest of the pool.
+
+    With ``spec.shared_tail = w > 0`` the subsets of a group also end with the same ``w``
+    demonstrations and differ only before them: what tells their losses apart lies outside an
+    exact window over the last tokens, so a ranking loss over the group can only be met by
+    the compressed summary of the earlier demonstrations.
+    """
     rng = np.random.default_rng(spec.seed)
     episodes: list[Episode] = []
     group = 0
@@ -113,8 +125,10 @@ def sample_episodes(pool_sizes: Sequence[int], spec: TeacherSpec) -> list[Episod
             )
         queries = rng.choice(n, spec.queries, replace=False)
         rest = np.setdiff1d(np.arange(n), queries)
+        tail = rng.choice(rest, spec.shared_tail, replace=False) if spec.shared_tail else rest[:0]
+        rest = np.setdiff1d(rest, tail)
         for _ in range(min(spec.group_size, spec.episodes - len(episodes))):
-            demos = rng.choice(rest, spec.k, replace=False)
+            demos = np.concatenate([rng.choice(rest, spec.k - len(tail), replace=False), tail])
             episodes.append(Episode(task, group, tuple(int(i) for i in demos), tuple(int(i) for i in queries)))
         group += 1
     return episodes
