@@ -26,6 +26,7 @@ declare -A VARIANTS=(
   [g1]="--num-groups 1"
   [g2]="--num-groups 2"
   [rank5]="--lambda-rank 5"
+  [rank5-control]="--lambda-rank 5 --control"
 )
 mkdir -p "$OUT"
 # the teacher cache first, once (every variant reads it)
@@ -43,11 +44,16 @@ python3 - "$OUT/fidelity.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 f = lambda v: "—" if v is None else f"{v:.3f}"
-rows = [("G (base)", r["rel_logit_err"], r["kl"], r["acc_compressed"], r["subset_loss_spearman"])]
-rows += [(p, r[f"{p}_rel_logit_err"], r[f"{p}_kl"], r[f"{p}_acc"], r[f"{p}_subset_loss_spearman"]) for p in ("control", "window")]
-rows += [(n, m["rel_logit_err"], m["kl"], m["acc"], m["subset_loss_spearman"]) for n, m in sorted(r["also"].items())]
+ci = lambda v: "" if v is None or None in v else f" [{v[0]:.2f}, {v[1]:.2f}]"
+def row(name, m, p=""):
+    acc = m["acc_compressed"] if name.startswith("G ") else m[f"{p}acc"]
+    return (f"| {name} | {f(m[f'{p}rel_logit_err'])} | {f(m[f'{p}kl'])} | {f(acc)} | "
+            f"{f(m[f'{p}subset_loss_spearman'])}{ci(m.get(f'{p}subset_loss_spearman_ci95'))} |")
 print(f"dense accuracy {r['acc_dense']:.3f}; {r['subsets']} subsets x {r['queries']} queries, k = {r['k']}\n")
-print("| variant | rel logit err | KL | accuracy | subset-loss Spearman |\n|---|---:|---:|---:|---:|")
-for name, *vals in rows:
-    print(f"| {name} | " + " | ".join(map(f, vals)) + " |")
+print("| variant | rel logit err | KL | accuracy | subset-loss Spearman [95% CI] |\n|---|---:|---:|---:|---:|")
+print(row("G (base)", r))
+for p in ("control", "window"):
+    print(row(p, r, p + "_"))
+for n, m in sorted(r["also"].items()):
+    print(row(n, m))
 EOF

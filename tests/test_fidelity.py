@@ -6,6 +6,8 @@ a small generated coin_flip task, so no test pays for generating the default 210
 
 import json
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -297,3 +299,30 @@ def test_window_comparator_has_the_size_of_a_hybrid_cache(llama):
         compressed, window = paths["compressed"](ids, None), paths["window"](ids, None)
     assert compressed.length == window.length == 2 + 4 + 3
     assert F.cache_paths(llama, comp, n_window=5)["window"](ids, None).length == 2 + 5
+
+
+def test_subset_features_script_finds_a_planted_last_label_effect(capsys, files, coin):
+    """scripts/subset_features.py on a report whose dense loss is set by the last label."""
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "scripts" / "subset_features.py"
+    spec = importlib.util.spec_from_file_location("subset_features", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    task = T.get_task(files["data"])
+    splits = T.split(task, seed=0)
+    labels = sorted({e.target for e in splits.pool})
+    rng = np.random.default_rng(0)
+    ids = F.sample_subsets(splits.pool, 6, 40, rng)
+    last = np.array([splits.pool[s[-1]].target == labels[1] for s in ids], dtype=float)
+    dense = last + 0.1 * rng.random(len(ids))
+    report = {"task": task.name, "k": 6, "seed": 0, "queries": 4, "config": {"task": files["data"]},
+              "per_subset": {"ids": ids, "loss": {"dense": dense.tolist(), "noise": rng.random(len(ids)).tolist()}}}
+    path = files["data"] + ".report.json"
+    with open(path, "w") as f:
+        json.dump(report, f)
+    script.main(path)
+    rows = dict(re.findall(r"^\| (.+?) \| ([+-]\d\.\d\d) \| \[.*\] \|$", capsys.readouterr().out, flags=re.M))
+    assert float(rows["last label"]) > 0.8
+    assert max(rows, key=lambda k: float(rows[k])) == "last label"
+    assert abs(float(rows["cache path: noise"])) < 0.5
