@@ -54,6 +54,6 @@ print("| variant | rel logit err | KL | accuracy | subset-loss Spearman [95% CI]
 print(row("G (base)", r))
 for p in ("control", "window"):
     print(row(p, r, p + "_"))
-for n, m in sorted(r["also"].items()):
+for n, m in sorted(r.get("also", {}).items()):
     print(row(n, m))
 EOF
