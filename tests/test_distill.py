@@ -89,6 +89,11 @@ def test_shared_tail_groups_differ_only_before_their_last_demonstrations():
         for e in group:
             assert len(set(e.demos)) == 4 and not set(e.demos) & set(e.queries)
     assert eps[0].demos[-2:] != eps[3].demos[-2:]
+    mixed = TT.sample_episodes([100], spec(episodes=6, group_size=3, shared_tail=2, shared_tail_every=2))
+    assert len({e.demos[-2:] for e in mixed[:3]}) == 3 and len({e.demos[-2:] for e in mixed[3:]}) == 1
+    assert spec(shared_tail_every=1).key() == spec().key()
+    with pytest.raises(ValueError, match="shared_tail_every must be a positive integer, got 0"):
+        spec(shared_tail_every=0)
     for bad in (-1, 4):
         with pytest.raises(ValueError, match=f"shared_tail must be an integer in \\[0, k=4\\), got {bad}"):
             spec(shared_tail=bad)

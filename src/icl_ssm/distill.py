@@ -54,6 +54,7 @@ class DistillConfig:
     queries: int = 8  # per episode, shared by the subsets of a group
     group_size: int = 4  # subsets that share their queries
     shared_tail: int = 0  # last demonstrations common to a group's subsets (0: independent subsets)
+    shared_tail_every: int = 1  # shared tails in every e-th group only (the others independent)
     seed: int = 0
     # compressor
     state_size: int = 256
@@ -101,6 +102,8 @@ class DistillConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not isinstance(self.shared_tail, int) or not 0 <= self.shared_tail < self.k:
             raise ValueError(f"shared_tail must be an integer in [0, k={self.k}), got {self.shared_tail!r}")
+        if not isinstance(self.shared_tail_every, int) or self.shared_tail_every < 1:
+            raise ValueError(f"shared_tail_every must be a positive integer, got {self.shared_tail_every!r}")
         if self.stage1_epochs == 0 and self.stage2_epochs == 0:
             raise ValueError("stage1_epochs and stage2_epochs are both 0: nothing to train")
 

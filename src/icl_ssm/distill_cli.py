@@ -23,7 +23,8 @@ def teacher_spec(cfg: DistillConfig, model) -> TeacherSpec:
     return TeacherSpec(model=cfg.model, model_fingerprint=model_fingerprint(model), tasks=cfg.tasks, k=cfg.k,
                        episodes=cfg.samples, queries=cfg.queries, group_size=cfg.group_size,
                        num_virtual=cfg.num_virtual, num_sink=cfg.num_sink, num_recent=cfg.num_recent,
-                       topk=cfg.topk, seed=cfg.seed, chat=cfg.chat, shared_tail=cfg.shared_tail)
+                       topk=cfg.topk, seed=cfg.seed, chat=cfg.chat, shared_tail=cfg.shared_tail,
+                       shared_tail_every=cfg.shared_tail_every)
 
 
 def check_out(out: Path, cfg: DistillConfig, resume: bool) -> str:

@@ -63,6 +63,7 @@ class TeacherSpec:
     shard_size: int = 16
     format: int = FORMAT
     shared_tail: int = 0  # last demonstrations common to the subsets of a group (see sample_episodes)
+    shared_tail_every: int = 1  # ... in every such group (1: all groups; 2: every other group)
 
     def __post_init__(self):
         for name in ("k", "episodes", "queries", "group_size", "num_virtual", "topk", "shard_size"):
@@ -73,11 +74,14 @@ class TeacherSpec:
             raise ValueError("at least one task is needed")
         if not isinstance(self.shared_tail, int) or not 0 <= self.shared_tail < self.k:
             raise ValueError(f"shared_tail must be an integer in [0, k={self.k}), got {self.shared_tail!r}")
+        if not isinstance(self.shared_tail_every, int) or self.shared_tail_every < 1:
+            raise ValueError(f"shared_tail_every must be a positive integer, got {self.shared_tail_every!r}")
 
     def key(self) -> str:
         fields = asdict(self)
-        if not self.shared_tail:  # added later: caches written before it keep their key
-            del fields["shared_tail"]
+        for name, default in (("shared_tail", 0), ("shared_tail_every", 1)):
+            if fields[name] == default:  # added later: caches written before them keep their key
+                del fields[name]
         blob = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -110,7 +114,8 @@ def sample_episodes(pool_sizes: Sequence[int], spec: TeacherSpec) -> list[Episod
     With ``spec.shared_tail = w > 0`` the subsets of a group also end with the same ``w``
     demonstrations and differ only before them: what tells their losses apart lies outside an
     exact window over the last tokens, so a ranking loss over the group can only be met by
-    the compressed summary of the earlier demonstrations.
+    the compressed summary of the earlier demonstrations. With ``spec.shared_tail_every = e``
+    only every e-th group does so (the others still teach how the last demonstrations read).
     """
     rng = np.random.default_rng(spec.seed)
     episodes: list[Episode] = []
@@ -125,7 +130,8 @@ def sample_episodes(pool_sizes: Sequence[int], spec: TeacherSpec) -> list[Episod
             )
         queries = rng.choice(n, spec.queries, replace=False)
         rest = np.setdiff1d(np.arange(n), queries)
-        tail = rng.choice(rest, spec.shared_tail, replace=False) if spec.shared_tail else rest[:0]
+        w = spec.shared_tail if group % spec.shared_tail_every == spec.shared_tail_every - 1 else 0
+        tail = rng.choice(rest, w, replace=False) if w else rest[:0]
         rest = np.setdiff1d(rest, tail)
         for _ in range(min(spec.group_size, spec.episodes - len(episodes))):
             demos = np.concatenate([rng.choice(rest, spec.k - len(tail), replace=False), tail])
