@@ -45,13 +45,12 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 f = lambda v: "—" if v is None else f"{v:.3f}"
 ci = lambda v: "" if v is None or None in v else f" [{v[0]:.2f}, {v[1]:.2f}]"
-def row(name, m, p=""):
-    acc = m["acc_compressed"] if name.startswith("G ") else m[f"{p}acc"]
-    return (f"| {name} | {f(m[f'{p}rel_logit_err'])} | {f(m[f'{p}kl'])} | {f(acc)} | "
+def row(name, m, p="", acc="acc"):
+    return (f"| {name} | {f(m[f'{p}rel_logit_err'])} | {f(m[f'{p}kl'])} | {f(m[p + acc])} | "
             f"{f(m[f'{p}subset_loss_spearman'])}{ci(m.get(f'{p}subset_loss_spearman_ci95'))} |")
 print(f"dense accuracy {r['acc_dense']:.3f}; {r['subsets']} subsets x {r['queries']} queries, k = {r['k']}\n")
 print("| variant | rel logit err | KL | accuracy | subset-loss Spearman [95% CI] |\n|---|---:|---:|---:|---:|")
-print(row("G (base)", r))
+print(row("G (base)", r, acc="acc_compressed"))
 for p in ("control", "window"):
     print(row(p, r, p + "_"))
 for n, m in sorted(r.get("also", {}).items()):

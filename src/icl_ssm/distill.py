@@ -37,7 +37,7 @@ from torch import Tensor
 from icl_ssm import cache as K
 from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.prompts import pad_ids
-from icl_ssm.teacher import TeacherCache
+from icl_ssm.teacher import TeacherCache, check_shared_tail
 
 COMPRESSOR_FIELDS = ("state_size", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size", "system",
                      "dt", "method", "control", "position", "gate", "gate_init")
@@ -100,10 +100,7 @@ class DistillConfig:
                      "lambda_label", "gate_lr"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not isinstance(self.shared_tail, int) or not 0 <= self.shared_tail < self.k:
-            raise ValueError(f"shared_tail must be an integer in [0, k={self.k}), got {self.shared_tail!r}")
-        if not isinstance(self.shared_tail_every, int) or self.shared_tail_every < 1:
-            raise ValueError(f"shared_tail_every must be a positive integer, got {self.shared_tail_every!r}")
+        check_shared_tail(self.shared_tail, self.shared_tail_every, self.k)
         if self.stage1_epochs == 0 and self.stage2_epochs == 0:
             raise ValueError("stage1_epochs and stage2_epochs are both 0: nothing to train")
 

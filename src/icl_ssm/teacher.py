@@ -43,6 +43,17 @@ from icl_ssm.prompts import PromptBuilder, pad_ids
 FORMAT = 1
 
 
+_LATER_FIELDS = ("shared_tail", "shared_tail_every")  # TeacherSpec fields added after FORMAT 1
+
+
+def check_shared_tail(shared_tail: int, every: int, k: int) -> None:
+    """The shared-tail settings of :func:`sample_episodes`, or a ValueError naming them."""
+    if not isinstance(shared_tail, int) or not 0 <= shared_tail < k:
+        raise ValueError(f"shared_tail must be an integer in [0, k={k}), got {shared_tail!r}")
+    if not isinstance(every, int) or every < 1:
+        raise ValueError(f"shared_tail_every must be a positive integer, got {every!r}")
+
+
 @dataclass(frozen=True)
 class TeacherSpec:
     """Everything the stored targets depend on."""
@@ -72,18 +83,14 @@ class TeacherSpec:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not self.tasks:
             raise ValueError("at least one task is needed")
-        if not isinstance(self.shared_tail, int) or not 0 <= self.shared_tail < self.k:
-            raise ValueError(f"shared_tail must be an integer in [0, k={self.k}), got {self.shared_tail!r}")
-        if not isinstance(self.shared_tail_every, int) or self.shared_tail_every < 1:
-            raise ValueError(f"shared_tail_every must be a positive integer, got {self.shared_tail_every!r}")
+        check_shared_tail(self.shared_tail, self.shared_tail_every, self.k)
 
     def key(self) -> str:
-        fields = asdict(self)
-        for name, default in (("shared_tail", 0), ("shared_tail_every", 1)):
-            if fields[name] == default:  # added later: caches written before them keep their key
-                del fields[name]
-        blob = json.dumps(fields, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        blob = asdict(self)
+        for f in fields(self):  # fields added later are left out at their default: older caches keep their key
+            if f.name in _LATER_FIELDS and blob[f.name] == f.default:
+                del blob[f.name]
+        return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
     def num_shards(self) -> int:
