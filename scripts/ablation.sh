@@ -15,6 +15,7 @@ JOBS=${JOBS:-2}
 ICL=${ICL:-icl-ssm}
 BASE="--model smollm2-135m --task $TASK --k 20 --samples 128 --queries 8 --group-size 4 --lambda-rank 1.0
       --num-recent 16 --gate --gate-init -4 --gate-lr 0.1 --stage2-lr 1e-3 --stage2-epochs 2"
+BASE=$(echo $BASE)  # one line: it is pasted into the `bash -c` command below
 declare -A VARIANTS=(
   [G]=""
   [control]="--control"

@@ -119,6 +119,30 @@ def test_teacher_cache_round_trip_and_refusals(tmp_cache, tmp_path):
         TT.TeacherCache.open(d)
 
 
+def test_a_larger_cache_reuses_the_shards_of_a_smaller_one(tmp_cache, tmp_path, monkeypatch):
+    model, tok = load_model("tiny-llama")
+    fp = TT.model_fingerprint(model)
+    small = TT.build_teacher_cache(model, tok, spec(model_fingerprint=fp), tmp_path / "root" / "small")
+    other = TT.build_teacher_cache(model, tok, spec(model_fingerprint=fp, seed=1, episodes=3), tmp_path / "root" / "s1")
+    calls = []
+    real = TT.teacher_targets
+    monkeypatch.setattr(TT, "teacher_targets", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    big_spec = spec(model_fingerprint=fp, episodes=12)
+    big = TT.build_teacher_cache(model, tok, big_spec, tmp_path / "root" / "big")
+    # shards 0 and 1 (episodes 0-5) come from the 8-episode cache; its last shard holds only 2 of
+    # shard 2's 3 episodes, and the seed-1 cache holds other episodes: 6 episodes are computed
+    assert len(calls) == 6
+    assert (big / "shard-00000.safetensors").read_bytes() == (small / "shard-00000.safetensors").read_bytes()
+    assert (big / "shard-00002.safetensors").read_bytes() != (small / "shard-00002.safetensors").read_bytes()
+    monkeypatch.setattr(TT, "teacher_targets", real)
+    fresh = TT.build_teacher_cache(model, tok, big_spec, tmp_path / "alone" / "big")
+    a, b = TT.TeacherCache.open(big, big_spec), TT.TeacherCache.open(fresh, big_spec)
+    for i in (0, 5, 6, 11):
+        x, y = a.get(i), b.get(i)
+        assert all(torch.allclose(x[n], y[n], atol=1e-5) for n in ("pool_k", "top_logp", "hidden", "gold_logp"))
+    assert not list(big.glob("*.tmp")) and other.name == "s1"
+
+
 def test_pool_kv_means_equal_chunks():
     kv = torch.arange(2 * 10 * 1, dtype=torch.float32).view(2, 10, 1)
     pooled = TT.pool_kv(kv, 10, 2, 4)  # positions 2..9 in 4 chunks of 2

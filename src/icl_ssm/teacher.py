@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -286,6 +287,47 @@ def teacher_cache_dir(spec: TeacherSpec, root: str | Path | None = None) -> Path
     return Path(root) if root is not None else cache_dir() / "teacher" / spec.key()
 
 
+def _same_but_episodes(meta: dict, spec: TeacherSpec) -> bool:
+    defaults = {f.name: f.default for f in fields(TeacherSpec)}
+    mine = asdict(spec)
+    return all(json.dumps(meta.get(k, defaults[k])) == json.dumps(mine[k]) for k in mine if k != "episodes")
+
+
+def _reusable_shards(directory: Path, spec: TeacherSpec, episodes: list[Episode]) -> dict[int, Path]:
+    """Shards of sibling caches that hold exactly the episodes of one of our shards.
+
+    Episodes are drawn in sequence from one generator, so a cache that differs from ``spec``
+    only in its episode count holds the first shards of ``spec``'s cache: growing ``--samples``
+    computes only the new episodes. Each reused shard is checked episode by episode.
+    """
+    found: dict[int, Path] = {}
+    if not directory.parent.is_dir():
+        return found
+    for other in sorted(directory.parent.iterdir()):
+        meta_path, eps_path = other / "meta.json", other / "episodes.json"
+        if other == directory or not (meta_path.is_file() and eps_path.is_file()):
+            continue
+        try:
+            meta, theirs = json.loads(meta_path.read_text()), json.loads(eps_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not _same_but_episodes(meta, spec):
+            continue
+        size = spec.shard_size
+        for j in range(spec.num_shards):
+            block = json.loads(json.dumps([asdict(e) for e in episodes[j * size : (j + 1) * size]]))
+            shard = other / f"shard-{j:05d}.safetensors"
+            if j not in found and shard.is_file() and block == theirs[j * size : (j + 1) * size]:
+                found[j] = shard
+    return found
+
+
+def _copy_atomic(src: Path, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, path)
+
+
 def build_teacher_cache(
     model,
     tokenizer,
@@ -314,11 +356,14 @@ def build_teacher_cache(
             tmp.write_text(json.dumps(payload))
             os.replace(tmp, path)
     mine = [j for j in range(spec.num_shards) if j % world == rank]
+    reusable = _reusable_shards(directory, spec, episodes)
     total = sum(len(episodes[j * spec.shard_size : (j + 1) * spec.shard_size]) for j in mine)
     done = 0
     for j in mine:
         path = directory / f"shard-{j:05d}.safetensors"
         block = episodes[j * spec.shard_size : (j + 1) * spec.shard_size]
+        if not path.exists() and j in reusable:
+            _copy_atomic(reusable[j], path)
         if path.exists():
             done += len(block)
             if progress:
