@@ -34,3 +34,23 @@ $ICL fidelity --model smollm2-135m --task "$TASK" --k 20 --compressor "$OUT/G-s$
   --control "$OUT/control-s$first" --subsets 30 --queries 32 ${ALSO[@]:+--also "${ALSO[@]}"} --json \
   > "$OUT/fidelity.json.tmp"
 mv "$OUT/fidelity.json.tmp" "$OUT/fidelity.json"
+python3 - "$OUT/fidelity.json" "$first" <<'PY'
+import json, statistics, sys
+r, first = json.load(open(sys.argv[1])), sys.argv[2]
+paths = {f"G-s{first}": r, f"control-s{first}": {k[len("control_"):]: v for k, v in r.items() if k.startswith("control_")}}
+paths[f"G-s{first}"] = {k: r[k] for k in ("rel_logit_err", "kl", "acc_compressed", "subset_loss_spearman",
+                                          "subset_loss_spearman_ci95")}
+paths[f"G-s{first}"]["acc"] = r["acc_compressed"]
+paths.update(r.get("also", {}))
+print(f"dense accuracy {r['acc_dense']:.3f}; window Spearman {r['window_subset_loss_spearman']:.2f}; "
+      f"{r['subsets']} subsets x {r['queries']} queries, k = {r['k']}\n")
+print("| run | rel logit err | KL | accuracy | subset-loss Spearman [95% CI] |\n|---|---:|---:|---:|---:|")
+for name, m in paths.items():
+    lo, hi = m["subset_loss_spearman_ci95"]
+    print(f"| {name} | {m['rel_logit_err']:.3f} | {m['kl']:.3f} | {m['acc']:.3f} | "
+          f"{m['subset_loss_spearman']:.2f} [{lo:.2f}, {hi:.2f}] |")
+for kind in ("G", "control"):
+    rho = [m["subset_loss_spearman"] for n, m in paths.items() if n.startswith(kind + "-s")]
+    if len(rho) > 1:
+        print(f"\n{kind}: Spearman {statistics.mean(rho):.2f} +- {statistics.stdev(rho):.2f} over {len(rho)} seeds")
+PY
