@@ -312,3 +312,29 @@ def test_gated_compressor_trains_its_gates_and_resumes(tmp_cache, tmp_path):
     assert main(["distill", *gated, "--out", str(resumed), "--stop-after", "9"]) == 0
     assert main(["distill", *gated, "--out", str(resumed), "--resume"]) == 0
     assert same_weights(straight, resumed)
+
+
+def test_learned_dt_trains_resumes_and_loads(tmp_cache, tmp_path, capsys):
+    from icl_ssm.compressor import load_compressor
+
+    learned = [*SMALL, "--learn-dt", "--dt", "0.01", "--dt-lr", "0.1"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert main(["distill", *learned, "--out", str(straight)]) == 0
+    log_dt = weights(straight)["ssm.log_dt"]
+    assert log_dt.shape == (2,) and (log_dt - torch.tensor(0.01).log()).abs().max() > 0.05  # at its own rate
+    history = [json.loads(line) for line in (straight / "history.jsonl").read_text().splitlines()]
+    assert history[-1]["dt"] == pytest.approx(log_dt.exp().tolist(), rel=1e-5)
+    assert main(["distill", *learned, "--out", str(resumed), "--stop-after", "5"]) == 0
+    assert main(["distill", *learned, "--out", str(resumed), "--resume"]) == 0
+    assert same_weights(straight, resumed)
+    model, _ = load_model("tiny-llama")
+    c = load_compressor(straight, model.config)
+    assert c.config.learn_dt and torch.equal(c.ssm.log_dt.detach(), log_dt)
+    x = torch.randn(2, 9, c.config.teacher_hidden_size)
+    c.ssm.impl = "reference"
+    ref = c.states(x)
+    c.ssm.impl = "fast"
+    assert torch.allclose(c.states(x), ref, atol=1e-4)
+    assert main(["distill", *learned, "--system", "scale_invariant", "--out", str(tmp_path / "bad")]) == 2
+    assert "learn_dt needs system='time_invariant'" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()  # refused before anything is written

@@ -159,6 +159,40 @@ def test_gradients_of_fast_match_reference(states):
         close(g_fast, g_ref, torch.float64)
 
 
+# --- one transition per group, differentiable in it (a learned dt) ---------------------
+
+
+@pytest.mark.parametrize("T", [1, C, C + 1, 4 * C + 3])
+def test_scan_groups_equals_reference_padded_and_in_gradient(T):
+    A = hippo.transition("legs", 12)[0]
+    log_dt = torch.tensor([0.05, 0.3], dtype=torch.float64).log()
+    x, Bbar = data(T=T, G=2)
+    _, mask, _ = padded_batch([T, max(T // 2, 1), 1], "left")
+    outs, grads = [], []
+    for fn in (S.scan_groups_reference, lambda *a: S.scan_groups(*a, chunk=C)):
+        ld = log_dt.clone().requires_grad_(True)
+        Abar = hippo.discretize_steps(A, ld.exp())
+        out = fn(x, Bbar, Abar, mask[:, :T])
+        (out * torch.linspace(-1, 1, out.shape[-1], dtype=out.dtype)).sum().backward()
+        outs.append(out)
+        grads.append(ld.grad)
+    close(outs[1], outs[0], torch.float64)
+    close(grads[1], grads[0], torch.float64)
+    assert T == 1 or (grads[0].abs() > 0).all()  # the step is learnable: its gradient is not zero
+    # a group's transition is the fixed-dt one, and each row scans like the fixed-dt scan
+    assert torch.allclose(hippo.discretize_steps(A, torch.tensor([0.05], dtype=torch.float64))[0],
+                          system(dt=0.05), atol=1e-12)
+    for g, dt in enumerate((0.05, 0.3)):
+        close(outs[1][:, g], S.scan(x, Bbar[g], system(dt=dt), mask=mask[:, :T], impl="reference"), torch.float64)
+
+
+def test_discretize_steps_rejects_bad_steps():
+    A = hippo.transition("legs", 4)[0]
+    for bad in (torch.tensor([0.1, -0.1]), torch.tensor([[0.1]]), torch.tensor([float("nan")])):
+        with pytest.raises(ValueError, match="dt must be a 1-d tensor of finite steps > 0"):
+            hippo.discretize_steps(A, bad)
+
+
 # --- scale-invariant LegS -------------------------------------------------------------
 
 

@@ -74,6 +74,7 @@ class SSMCompressorConfig(PreTrainedConfig):
     latent_size: int = 128
     system: str = "time_invariant"
     dt: float = 0.01
+    learn_dt: bool = False
     method: str = "bilinear"
     control: bool = False
     position: str = "compressed"
@@ -102,6 +103,9 @@ class SSMCompressorConfig(PreTrainedConfig):
             raise ValueError(f"position must be one of {POSITIONS}, got {self.position!r}")
         if not (math.isfinite(self.dt) and self.dt > 0):
             raise ValueError(f"dt must be a finite number > 0, got {self.dt}")
+        if self.learn_dt and self.system != "time_invariant":
+            raise ValueError(f"learn_dt needs system='time_invariant' (a scale-invariant scan has no dt), "
+                             f"got {self.system!r}")
         if not math.isfinite(self.gate_init):
             raise ValueError(f"gate_init must be a finite number, got {self.gate_init}")
 
@@ -180,7 +184,7 @@ class SSMCompressor(PreTrainedModel):
         c = config
         G, N, V, R = c.num_groups, c.state_size, c.num_virtual, c.latent_size
         m, Hkv, d = c.teacher_num_layers, c.teacher_num_kv_heads, c.teacher_head_dim
-        self.ssm = HiPPOSSM(N, c.teacher_hidden_size, G, c.system, c.dt, c.method)
+        self.ssm = HiPPOSSM(N, c.teacher_hidden_size, G, c.system, c.dt, c.method, learn_dt=c.learn_dt)
         self.constant = nn.Parameter(torch.zeros(G, N))  # the control's "state"
         self.state_scale = nn.Parameter(torch.ones(G, N))
         self.state_shift = nn.Parameter(torch.zeros(G, N))

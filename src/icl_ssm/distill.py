@@ -40,7 +40,7 @@ from icl_ssm.prompts import pad_ids
 from icl_ssm.teacher import TeacherCache, check_shared_tail
 
 COMPRESSOR_FIELDS = ("state_size", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size", "system",
-                     "dt", "method", "control", "position", "gate", "gate_init")
+                     "dt", "learn_dt", "method", "control", "position", "gate", "gate_init")
 
 
 @dataclass
@@ -65,6 +65,8 @@ class DistillConfig:
     latent_size: int = 128
     system: str = "time_invariant"
     dt: float = 0.002
+    learn_dt: bool = False  # log dt a parameter per group, starting at log(dt), trained at dt_lr
+    dt_lr: float = 0.05  # its own learning rate (same schedule, no weight decay)
     method: str = "bilinear"
     control: bool = False
     position: str = "compressed"
@@ -97,10 +99,13 @@ class DistillConfig:
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         for name in ("stage1_epochs", "stage2_epochs", "lambda_kl", "lambda_hidden", "lambda_rank",
-                     "lambda_label", "gate_lr"):
+                     "lambda_label", "gate_lr", "dt_lr"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         check_shared_tail(self.shared_tail, self.shared_tail_every, self.k)
+        if self.learn_dt and self.system != "time_invariant":
+            raise ValueError(f"learn_dt needs system='time_invariant' (a scale-invariant scan has no dt), "
+                             f"got {self.system!r}")
         if self.stage1_epochs == 0 and self.stage2_epochs == 0:
             raise ValueError("stage1_epochs and stage2_epochs are both 0: nothing to train")
 
@@ -345,9 +350,10 @@ def train(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         compressor = SSMCompressor(ccfg).train()
-    gates = [p for n, p in compressor.named_parameters() if n == "gate_bias"]
-    rest = [p for n, p in compressor.named_parameters() if n != "gate_bias"]
-    param_groups = [{"params": rest}] + ([{"params": gates, "gate": True, "weight_decay": 0.0}] if gates else [])
+    own = {"gate_bias": cfg.gate_lr, "ssm.log_dt": cfg.dt_lr}  # parameters with their own learning rate
+    rest = [p for n, p in compressor.named_parameters() if n not in own]
+    param_groups = [{"params": rest}] + [{"params": [p], "own_lr": own[n], "weight_decay": 0.0}
+                                         for n, p in compressor.named_parameters() if n in own]
     optimizer = torch.optim.AdamW(param_groups, lr=cfg.stage1_lr, weight_decay=cfg.weight_decay)
     groups: dict[int, list[int]] = {}
     for i, e in enumerate(teacher.episodes):
@@ -371,7 +377,7 @@ def train(
         lo, hi = schedule.stage_bounds(stage)
         base = cfg.stage1_lr if stage == 1 else cfg.stage2_lr
         for pg in optimizer.param_groups:
-            pg["lr"] = (cfg.gate_lr if pg.get("gate") else base) * _lr_factor(step, lo, hi, cfg.warmup_ratio)
+            pg["lr"] = pg.get("own_lr", base) * _lr_factor(step, lo, hi, cfg.warmup_ratio)
         mine = group_ids[rank::world]
         total = None
         logs: dict[str, float] = {}
@@ -401,8 +407,10 @@ def train(
             logs = {n: v / world for n, v in zip(names, values.tolist())}
         record = {"step": step, "stage": stage, "lr": optimizer.param_groups[0]["lr"], **logs,
                   "seconds": time.perf_counter() - t0}
-        if gates:  # how far the virtual tokens have been let in
-            record["gate_mean"], record["gate_max"] = gates[0].mean().item(), gates[0].max().item()
+        if raw.config.gate:  # how far the virtual tokens have been let in
+            record["gate_mean"], record["gate_max"] = raw.gate_bias.mean().item(), raw.gate_bias.max().item()
+        if raw.config.learn_dt:  # the learned steps, one per group
+            record["dt"] = raw.ssm.log_dt.exp().tolist()
         history.append(record)
         if progress and accelerator.is_main_process:
             progress({**record, "total_steps": len(schedule.steps)})

@@ -91,6 +91,23 @@ def discretize(A: Tensor, B: Tensor, dt: float, method: str = "bilinear") -> tup
     return Abar, Bbar.reshape(B.shape)
 
 
+def discretize_steps(A: Tensor, dt: Tensor, method: str = "bilinear") -> Tensor:
+    """``Abar`` of :func:`discretize` for a tensor of steps, differentiable in ``dt``.
+
+    ``A: (N, N)``, ``dt: (G,)`` (positive) -> ``(G, N, N)`` in ``dt``'s dtype: one transition
+    per group, for a learned step (``log dt`` trained with the compressor).
+    """
+    _check_method(method)
+    if dt.ndim != 1 or not bool((dt > 0).all()) or not bool(torch.isfinite(dt).all()):
+        raise ValueError(f"dt must be a 1-d tensor of finite steps > 0, got {dt}")
+    A = A.to(dt.dtype)
+    eye = _identity_like(A)
+    step = dt[:, None, None]
+    if method == "bilinear":
+        return torch.linalg.solve(eye - (step / 2) * A, eye + (step / 2) * A)
+    return torch.linalg.matrix_exp(step * A)
+
+
 def discretize_legs(A: Tensor, T: int, method: str = "zoh") -> tuple[Tensor, Tensor]:
     """Per-token step matrices of the scale-invariant system ``x' = A x / t + v(t) / t``.
 

@@ -237,6 +237,36 @@ def scan_paper(
     return _finish(s, inp, 1)
 
 
+def scan_groups(x: Tensor, Bbar: Tensor, Abar: Tensor, mask: Tensor | None = None, chunk: int = 32) -> Tensor:
+    """Final states with one transition per group, differentiable in ``Abar`` (a learned dt).
+
+    ``x: (B, T, H)``, ``Bbar: (G, N, H)``, ``Abar: (G, N, N)`` -> ``(B, G, N)``. The chunked
+    closed form: ``A^0 .. A^C`` once per call (C matrix products per group, kept for the
+    backward pass), then one product per chunk. Reference: :func:`scan_reference` per group.
+    """
+    _check_chunk(chunk)
+    if Bbar.ndim != 3 or Abar.shape != (Bbar.shape[0], Bbar.shape[1], Bbar.shape[1]):
+        raise ValueError(f"Bbar must be (G, N, H) and Abar (G, N, N); got {tuple(Bbar.shape)}, {tuple(Abar.shape)}")
+    xa = x if mask is None else right_align(x, mask.bool())[0]
+    u = _left_pad(_project(xa, Bbar.to(x.dtype)), chunk)  # (B, T', G, N)
+    A = Abar.to(x.dtype)
+    powers = [torch.eye(A.shape[-1], dtype=A.dtype, device=A.device).expand_as(A)]
+    for _ in range(chunk):
+        powers.append(A @ powers[-1])
+    stacked = torch.stack(powers[chunk - 1 :: -1])  # (C, G, N, N): A^(C-1-t) for t < C
+    s = u.new_zeros(u.shape[0], *u.shape[2:])
+    for c in range(u.shape[1] // chunk):
+        uc = u[:, c * chunk : (c + 1) * chunk]  # (B, C, G, N)
+        s = torch.einsum("bgm,gnm->bgn", s, powers[chunk]) + torch.einsum("tgnm,btgm->bgn", stacked, uc)
+    return s
+
+
+def scan_groups_reference(x: Tensor, Bbar: Tensor, Abar: Tensor, mask: Tensor | None = None) -> Tensor:
+    """:func:`scan_groups` token by token, one group at a time."""
+    return torch.stack([scan_reference(x, Bbar[g : g + 1], Abar[g], mask, check_finite=False)[:, 0]
+                        for g in range(Bbar.shape[0])], dim=1)
+
+
 def _check_chunk(chunk: int) -> None:
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be a positive integer, got {chunk!r}")

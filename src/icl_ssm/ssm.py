@@ -27,6 +27,10 @@ class HiPPOSSM(nn.Module):
 
     ``Bbar: (G, N, H)`` is initialised so that each state coordinate starts with unit-scale
     inputs for unit-scale embeddings. ``impl`` selects the scan (``reference`` for checks).
+
+    ``learn_dt=True`` (time-invariant only) makes ``log dt`` a parameter, one per group,
+    starting at ``log(dt)``: the transitions are rediscretised at every call and the scan is
+    :func:`scan.scan_groups`, through which the gradient reaches ``log_dt``.
     """
 
     def __init__(
@@ -38,6 +42,7 @@ class HiPPOSSM(nn.Module):
         dt: float = 0.01,
         method: str = "bilinear",
         impl: str = "fast",
+        learn_dt: bool = False,
     ) -> None:
         super().__init__()
         if system not in SYSTEMS:
@@ -51,6 +56,12 @@ class HiPPOSSM(nn.Module):
             hippo.discretize(A[:1, :1], B[:1], dt, method)  # validates dt and method early
         elif method not in hippo.METHODS:
             raise ValueError(f"method must be one of {hippo.METHODS}, got {method!r}")
+        if learn_dt and system != "time_invariant":
+            raise ValueError(f"learn_dt needs system='time_invariant' (a scale-invariant scan has no dt), "
+                             f"got {system!r}")
+        self.learn_dt = learn_dt
+        if learn_dt:
+            self.log_dt = nn.Parameter(torch.full((groups,), math.log(dt)))
         # HiPPO's B spread over the embedding directions, plus a small random part
         gen = torch.Generator().manual_seed(0)
         rand = torch.randn(groups, state_size, input_size, generator=gen) / math.sqrt(input_size)
@@ -80,6 +91,12 @@ class HiPPOSSM(nn.Module):
         Bbar = self.Bbar.to(x.dtype)
         if self.system == "scale_invariant":
             return S.legs_scan(x, Bbar, mask, impl=self.impl, check_finite=False)
+        if self.learn_dt:
+            A = hippo.transition("legs", self.state_size)[0].to(x.device)
+            Abar = hippo.discretize_steps(A, self.log_dt.double().exp(), self.method)
+            if self.impl == "fast":
+                return S.scan_groups(x, Bbar, Abar, mask)
+            return S.scan_groups_reference(x, Bbar, Abar.to(x.dtype), mask)
         cache = self.power_cache(x.device)
         if self.impl == "fast":
             return S.scan_fast(x, Bbar, cache, mask, check_finite=False)
@@ -87,4 +104,4 @@ class HiPPOSSM(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"groups={self.groups}, state_size={self.state_size}, system={self.system}, "
-                f"dt={self.dt}, method={self.method}")
+                f"dt={self.dt}, method={self.method}, learn_dt={self.learn_dt}")
