@@ -21,6 +21,7 @@ declare -A VARIANTS=(
   [control]="--control"
   [no-stage1]="--stage1-epochs 0"
   [dt1]="--dt 1"
+  [learn-dt]="--learn-dt"
   [scale-invariant]="--system scale_invariant"
   [N64]="--state-size 64"
   [N512]="--state-size 512"
