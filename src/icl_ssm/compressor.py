@@ -31,7 +31,7 @@ from huggingface_hub.dataclasses import strict
 from torch import Tensor, nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
-from icl_ssm.ssm import SYSTEMS, HiPPOSSM
+from icl_ssm.ssm import SYSTEMS, HiPPOSSM, check_learn_dt
 
 POSITIONS = ("compressed", "original")
 
@@ -103,9 +103,7 @@ class SSMCompressorConfig(PreTrainedConfig):
             raise ValueError(f"position must be one of {POSITIONS}, got {self.position!r}")
         if not (math.isfinite(self.dt) and self.dt > 0):
             raise ValueError(f"dt must be a finite number > 0, got {self.dt}")
-        if self.learn_dt and self.system != "time_invariant":
-            raise ValueError(f"learn_dt needs system='time_invariant' (a scale-invariant scan has no dt), "
-                             f"got {self.system!r}")
+        check_learn_dt(self.learn_dt, self.system)
         if not math.isfinite(self.gate_init):
             raise ValueError(f"gate_init must be a finite number, got {self.gate_init}")
 

@@ -37,6 +37,7 @@ from torch import Tensor
 from icl_ssm import cache as K
 from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.prompts import pad_ids
+from icl_ssm.ssm import check_learn_dt
 from icl_ssm.teacher import TeacherCache, check_shared_tail
 
 COMPRESSOR_FIELDS = ("state_size", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size", "system",
@@ -103,9 +104,7 @@ class DistillConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         check_shared_tail(self.shared_tail, self.shared_tail_every, self.k)
-        if self.learn_dt and self.system != "time_invariant":
-            raise ValueError(f"learn_dt needs system='time_invariant' (a scale-invariant scan has no dt), "
-                             f"got {self.system!r}")
+        check_learn_dt(self.learn_dt, self.system)
         if self.stage1_epochs == 0 and self.stage2_epochs == 0:
             raise ValueError("stage1_epochs and stage2_epochs are both 0: nothing to train")
 

@@ -17,6 +17,11 @@ from icl_ssm import scan as S
 SYSTEMS = ("time_invariant", "scale_invariant")
 
 
+def check_learn_dt(learn_dt: bool, system: str) -> None:
+    if learn_dt and system != "time_invariant":
+        raise ValueError(f"learn_dt needs system='time_invariant' (a scale-invariant scan has no dt), got {system!r}")
+
+
 class HiPPOSSM(nn.Module):
     """G parallel SSMs sharing one frozen transition, ``h_t = Abar h_{t-1} + Bbar_g x_t``.
 
@@ -56,9 +61,7 @@ class HiPPOSSM(nn.Module):
             hippo.discretize(A[:1, :1], B[:1], dt, method)  # validates dt and method early
         elif method not in hippo.METHODS:
             raise ValueError(f"method must be one of {hippo.METHODS}, got {method!r}")
-        if learn_dt and system != "time_invariant":
-            raise ValueError(f"learn_dt needs system='time_invariant' (a scale-invariant scan has no dt), "
-                             f"got {system!r}")
+        check_learn_dt(learn_dt, system)
         self.learn_dt = learn_dt
         if learn_dt:
             self.log_dt = nn.Parameter(torch.full((groups,), math.log(dt)))
@@ -69,6 +72,7 @@ class HiPPOSSM(nn.Module):
         # the frozen transition is derived from the config, built on first use (on the CPU in
         # float64, whatever device the module was created on) and never saved
         self._cache: S.PowerCache | None = None
+        self._A: Tensor | None = None  # learn_dt: the continuous transition, rediscretised every call
 
     @property
     def groups(self) -> int:
@@ -92,8 +96,9 @@ class HiPPOSSM(nn.Module):
         if self.system == "scale_invariant":
             return S.legs_scan(x, Bbar, mask, impl=self.impl, check_finite=False)
         if self.learn_dt:
-            A = hippo.transition("legs", self.state_size)[0].to(x.device)
-            Abar = hippo.discretize_steps(A, self.log_dt.double().exp(), self.method)
+            if self._A is None or self._A.device != x.device:  # the continuous LegS matrix, built once
+                self._A = hippo.transition("legs", self.state_size)[0].to(x.device)
+            Abar = hippo.discretize_steps(self._A, self.log_dt.double().exp(), self.method)
             if self.impl == "fast":
                 return S.scan_groups(x, Bbar, Abar, mask)
             return S.scan_groups_reference(x, Bbar, Abar.to(x.dtype), mask)

@@ -218,15 +218,19 @@ def _atomic_save(tensors: dict[str, Tensor], path: Path) -> None:
             os.unlink(tmp)
 
 
+def _meta_diffs(stored: dict, spec: TeacherSpec, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Where a cache's stored meta differs from ``spec`` (fields added later keep their default)."""
+    mine = asdict(spec)
+    defaults = {f.name: f.default for f in fields(TeacherSpec)}
+    return [f"{k}: cache has {stored.get(k, defaults[k])!r}, requested {mine[k]!r}" for k in mine
+            if k not in ignore and json.dumps(stored.get(k, defaults[k])) != json.dumps(mine[k])]
+
+
 def _check_meta(directory: Path, spec: TeacherSpec) -> None:
     meta_path = directory / "meta.json"
     if not meta_path.exists():
         return
-    stored = json.loads(meta_path.read_text())
-    mine = asdict(spec)
-    defaults = {f.name: f.default for f in fields(TeacherSpec)}  # fields added later keep their default
-    diffs = [f"{k}: cache has {stored.get(k, defaults[k])!r}, requested {mine[k]!r}" for k in mine
-             if json.dumps(stored.get(k, defaults[k])) != json.dumps(mine[k])]
+    diffs = _meta_diffs(json.loads(meta_path.read_text()), spec)
     if diffs:
         raise ValueError(f"teacher cache {str(directory)!r} was written with other settings; refusing to "
                          "reuse it: " + "; ".join(diffs))
@@ -287,12 +291,6 @@ def teacher_cache_dir(spec: TeacherSpec, root: str | Path | None = None) -> Path
     return Path(root) if root is not None else cache_dir() / "teacher" / spec.key()
 
 
-def _same_but_episodes(meta: dict, spec: TeacherSpec) -> bool:
-    defaults = {f.name: f.default for f in fields(TeacherSpec)}
-    mine = asdict(spec)
-    return all(json.dumps(meta.get(k, defaults[k])) == json.dumps(mine[k]) for k in mine if k != "episodes")
-
-
 def _reusable_shards(directory: Path, spec: TeacherSpec, episodes: list[Episode]) -> dict[int, Path]:
     """Shards of sibling caches that hold exactly the episodes of one of our shards.
 
@@ -311,7 +309,7 @@ def _reusable_shards(directory: Path, spec: TeacherSpec, episodes: list[Episode]
             meta, theirs = json.loads(meta_path.read_text()), json.loads(eps_path.read_text())
         except (OSError, ValueError):
             continue
-        if not _same_but_episodes(meta, spec):
+        if _meta_diffs(meta, spec, ignore=("episodes",)):
             continue
         size = spec.shard_size
         for j in range(spec.num_shards):
