@@ -189,6 +189,18 @@ def test_resume_ends_with_the_same_weights(tmp_cache, tmp_path):
     assert same_weights(straight, resumed)
 
 
+def test_resumed_throughput_counts_only_the_steps_run_since_the_resume(tmp_cache, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    assert main(["distill", *SMALL, "--out", str(run), "--stop-after", "5"]) == 0  # checkpoint at step 4
+    clock = iter(range(1000))  # one tick per reading: t0, then one reading per step
+    monkeypatch.setattr(D, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: float(next(clock)))}))
+    capsys.readouterr()
+    assert main(["distill", *SMALL, "--out", str(run), "--resume"]) == 0
+    rates = re.findall(r"step (\d+)/\d+ .*\| ([\d.]+) steps/s", capsys.readouterr().err)
+    assert rates and int(rates[0][0]) > 4
+    assert all(float(rate) == 1.0 for _, rate in rates)  # counting steps from 0 would read (step+1)/(step-3)
+
+
 def test_killed_process_resumes_to_the_same_weights(tmp_cache, tmp_path):
     args = [*SMALL, "--stage1-epochs", "40", "--checkpoint-every", "3"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"

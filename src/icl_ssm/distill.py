@@ -412,7 +412,7 @@ def train(
             record["dt"] = raw.ssm.log_dt.exp().tolist()
         history.append(record)
         if progress and accelerator.is_main_process:
-            progress({**record, "total_steps": len(schedule.steps)})
+            progress({**record, "total_steps": len(schedule.steps), "start_step": start_step})
         if (step + 1) % cfg.checkpoint_every == 0 and accelerator.is_main_process:
             save_checkpoint(out, raw, optimizer, step + 1, history)
         accelerator.wait_for_everyone()

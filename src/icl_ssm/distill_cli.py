@@ -101,7 +101,8 @@ def run_distill(args: argparse.Namespace) -> int:
                 f"{k} {record[k]:.4f}" for k in keys if k in record)
             if "dt" in record:
                 info += " dt " + ",".join(f"{v:.2g}" for v in record["dt"])
-            info += f" | {(record['step'] + 1) / max(record['seconds'], 1e-9):.2f} steps/s"
+            done = record["step"] + 1 - record.get("start_step", 0)  # steps run by this process (after --resume)
+            info += f" | {done / max(record['seconds'], 1e-9):.2f} steps/s"
             bar.update(job, completed=record["step"] + 1, total=record["total_steps"], info=info)
             if plain and ((record["step"] + 1) % 10 == 0 or record["step"] + 1 == record["total_steps"]):
                 print(f"step {record['step'] + 1}/{record['total_steps']} {info}", file=sys.stderr, flush=True)
