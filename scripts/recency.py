@@ -15,6 +15,7 @@ import argparse
 import json
 
 import numpy as np
+from rich.progress import Progress
 
 from icl_ssm import cache as K
 from icl_ssm import fidelity as FI
@@ -41,6 +42,10 @@ def main() -> None:
     dense = np.array(r["per_subset"]["loss"]["dense"])
     kw = dict(loss=cfg["loss"], batch=cfg["batch"], query_batch=cfg["query_batch"])
     rows = []
+    bar = Progress(transient=True)
+    job = bar.add_task("subset evaluations", total=len(ids) * (len(args.last) + bool(args.windows)))
+    kw["progress"] = lambda n: bar.advance(job, n)
+    bar.start()
     for last in args.last:
         prefixes = [builder.build_prefix([splits.pool[i] for i in s[-last:]]) for s in ids]
         ev, _ = FI.evaluate_paths(model, builder, prefixes, queries,
@@ -58,6 +63,7 @@ def main() -> None:
         for n in args.windows:
             rows.append((f"window: {args.num_sink} sinks + last {n} tokens", out[f"w{n}"][0].subset_loss().numpy(),
                          args.num_sink + n))
+    bar.stop()
     print(f"{r['task']}, k = {r['k']}: {len(ids)} subsets x {r['queries']} queries; "
           f"full prompt {r['prompt_tokens_mean']:.0f} tokens on average\n")
     print("| exact cache | tokens | Spearman with the full dense loss | 95% CI |\n|---|---:|---:|---:|")
