@@ -15,6 +15,7 @@ import argparse
 import json
 
 import numpy as np
+from rich.console import Console
 from rich.progress import Progress
 
 from icl_ssm import cache as K
@@ -42,9 +43,17 @@ def main() -> None:
     dense = np.array(r["per_subset"]["loss"]["dense"])
     kw = dict(loss=cfg["loss"], batch=cfg["batch"], query_batch=cfg["query_batch"])
     rows = []
-    bar = Progress(transient=True)
+    stderr = Console(stderr=True)
+    bar = Progress(console=stderr, transient=True)
     job = bar.add_task("subset evaluations", total=len(ids) * (len(args.last) + bool(args.windows)))
-    kw["progress"] = lambda n: bar.advance(job, n)
+
+    def advance(n: int) -> None:
+        bar.advance(job, n)
+        if not stderr.is_terminal:  # a log file gets a line per batch instead of a live bar
+            done = bar.tasks[0]
+            stderr.print(f"recency: {int(done.completed)}/{int(done.total)} subset evaluations, {done.elapsed:.0f} s")
+
+    kw["progress"] = advance
     bar.start()
     for last in args.last:
         prefixes = [builder.build_prefix([splits.pool[i] for i in s[-last:]]) for s in ids]
