@@ -5,8 +5,9 @@
 #
 #   scripts/seeds.sh OUT_DIR [TASK] [SEEDS...]        e.g. scripts/seeds.sh seeds rotten_tomatoes 1 2
 #
-# Extra distill flags for every run (a recipe other than G) go in EXTRA="...". Two one-thread
-# jobs at a time suit a 2-core machine: JOBS=2 (default). Finished runs are skipped on a rerun.
+# K=50 sets the shot count (default 20). Extra distill flags for every run (a recipe other
+# than G) go in EXTRA="...". Two one-thread jobs at a time suit a 2-core machine:
+# JOBS=2 (default). Finished runs are skipped on a rerun.
 set -euo pipefail
 OUT=${1:?usage: scripts/seeds.sh OUT_DIR [TASK] [SEEDS...]}
 TASK=${2:-rotten_tomatoes}
@@ -14,8 +15,9 @@ shift $(( $# >= 2 ? 2 : 1 ))
 SEEDS=("$@")
 [ ${#SEEDS[@]} -eq 0 ] && SEEDS=(1 2)
 JOBS=${JOBS:-2}
+K=${K:-20}
 ICL=${ICL:-icl-ssm}
-BASE="--model smollm2-135m --task $TASK --k 20 --samples 128 --queries 8 --group-size 4 --lambda-rank 1.0
+BASE="--model smollm2-135m --task $TASK --k $K --samples 128 --queries 8 --group-size 4 --lambda-rank 1.0
       --num-recent 16 --gate --gate-init -4 --gate-lr 0.1 --stage2-lr 1e-3 --stage2-epochs 2 ${EXTRA:-}"
 BASE=$(echo $BASE)  # one line: it is pasted into the `bash -c` command below
 mkdir -p "$OUT"
@@ -30,7 +32,7 @@ done
 first=${SEEDS[0]}
 ALSO=()
 for s in "${SEEDS[@]:1}"; do ALSO+=("G-s$s=$OUT/G-s$s" "control-s$s=$OUT/control-s$s"); done
-$ICL fidelity --model smollm2-135m --task "$TASK" --k 20 --compressor "$OUT/G-s$first" \
+$ICL fidelity --model smollm2-135m --task "$TASK" --k "$K" --compressor "$OUT/G-s$first" \
   --control "$OUT/control-s$first" --subsets 30 --queries 32 ${ALSO[@]:+--also "${ALSO[@]}"} --json \
   > "$OUT/fidelity.json.tmp"
 mv "$OUT/fidelity.json.tmp" "$OUT/fidelity.json"
