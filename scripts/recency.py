@@ -22,7 +22,7 @@ from icl_ssm import cache as K
 from icl_ssm import fidelity as FI
 from icl_ssm import prompts as P
 from icl_ssm import tasks as T
-from icl_ssm.models import load_model
+from icl_ssm.models import load_model, resolve_device
 
 
 def main() -> None:
@@ -34,7 +34,7 @@ def main() -> None:
     args = ap.parse_args()
     r = json.load(open(args.report))
     cfg = r["config"]
-    model, tok = load_model(cfg["model"])
+    model, tok = load_model(cfg["model"], device=resolve_device())
     task = T.get_task(cfg["task"])
     splits = T.split(task, seed=r["seed"])
     queries = splits.validation[: r["queries"]]

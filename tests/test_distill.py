@@ -257,6 +257,20 @@ def test_bad_runs_are_refused(tmp_cache, tmp_path, capsys):
     assert "samples must be a positive integer, got 0" in capsys.readouterr().err
 
 
+def test_teacher_only_fills_the_cache_that_training_then_reads(tmp_cache, tmp_path, capsys):
+    cache = tmp_path / "teacher"
+    assert main(["distill", *SMALL, "--teacher-only", "--teacher-cache", str(cache)]) == 0
+    assert "teacher cache complete" in capsys.readouterr().err
+    shards = sorted(cache.glob("shard-*.safetensors"))
+    assert shards and (cache / "meta.json").exists()
+    stamps = [p.stat().st_mtime_ns for p in shards]
+    assert main(["distill", *SMALL, "--teacher-cache", str(cache), "--out", str(tmp_path / "run")]) == 0
+    assert [p.stat().st_mtime_ns for p in shards] == stamps  # read, not recomputed
+    assert (tmp_path / "run" / "model.safetensors").exists()
+    assert main(["distill", *SMALL]) == 2
+    assert "--out is required" in capsys.readouterr().err
+
+
 def test_two_processes_train_like_one(tmp_cache, tmp_path):
     """``accelerate launch`` with 2 CPU processes (gloo) gives one process's weights."""
     args = [*SMALL, "--groups-per-step", "2", "--teacher-cache", str(tmp_path / "tc")]

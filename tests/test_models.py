@@ -360,3 +360,12 @@ def test_smollm2_gguf_conversion_matches_gguf_logits(tmp_path):
     assert tokenizer.decode(_logits(model, ids[0].tolist())[0, -1].argmax()).strip() == "Paris"
     info = model_info(model)
     assert (info["num_layers"], info["num_key_value_heads"], info["head_dim"]) == (30, 3, 64)
+
+
+def test_resolve_device():
+    from icl_ssm.models import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="'gpu0' is not a torch device"):
+        resolve_device("gpu0")

@@ -178,9 +178,18 @@ def rank_loss(student_nll: Tensor, teacher_nll: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------
 
 
+def _on(episode: dict, device: torch.device) -> dict:
+    """An episode's target tensors (read from the teacher cache on the CPU) on ``device``; the
+    token ids stay where they are until they are padded into a batch."""
+    return {name: value.to(device) if isinstance(value, Tensor) and name != "prompt_ids" else value
+            for name, value in episode.items()}
+
+
 def group_losses(model, compressor: SSMCompressor, episodes: list[dict], cfg: DistillConfig, stage: int) -> dict:
-    """Losses of one group of episodes (same queries). Returns scalar tensors."""
-    prompt_ids, prompt_mask = pad_ids([e["prompt_ids"] for e in episodes])
+    """Losses of one group of episodes (same queries), on the model's device. Returns scalar tensors."""
+    device = model.device
+    episodes = [_on(e, device) for e in episodes]
+    prompt_ids, prompt_mask = (t.to(device) for t in pad_ids([e["prompt_ids"] for e in episodes]))
     if stage == 1:
         with torch.no_grad():
             embeds = model.get_input_embeddings()(prompt_ids)
@@ -192,7 +201,7 @@ def group_losses(model, compressor: SSMCompressor, episodes: list[dict], cfg: Di
     S, Q = len(episodes), len(episodes[0]["query_ids"])
     prefix = K.compressed_cache(model, compressor, prompt_ids, prompt_mask).repeat_interleave(Q)
     queries = [q for e in episodes for q in e["query_ids"]]
-    q_ids, q_mask = pad_ids(queries, side="left")
+    q_ids, q_mask = (t.to(device) for t in pad_ids(queries, side="left"))
     out = K.forward_with_prefix(model, prefix, q_ids, q_mask, output_hidden_states=True, logits_to_keep=1)
     logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # (S*Q, V)
     hidden = torch.stack([h[:, -1] for h in out.hidden_states[1:]], dim=1)  # (S*Q, m, H)

@@ -57,7 +57,7 @@ def distill_args(cfg: DistillConfig, out: str | Path, *, resume: bool = False,
                  teacher_cache: str | None = None) -> argparse.Namespace:
     """The namespace ``icl-ssm distill`` would parse for ``cfg``: drive it from Python."""
     return argparse.Namespace(**asdict(cfg), out=str(out), resume=resume, teacher_cache=teacher_cache,
-                              stop_after=None)
+                              stop_after=None, teacher_only=False)
 
 
 def run_distill(args: argparse.Namespace) -> int:
@@ -65,8 +65,12 @@ def run_distill(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     cfg = DistillConfig.from_dict({f.name: getattr(args, f.name) for f in fields(DistillConfig)})
-    out = Path(args.out)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    if getattr(args, "teacher_only", False):
+        return _teacher_only(cfg, args.teacher_cache, accelerator)
+    if not args.out:
+        raise ValueError("--out is required: the directory for the compressor (or pass --teacher-only)")
+    out = Path(args.out)
     state = check_out(out, cfg, args.resume)
     if state == "done":
         print(f"{out}: a compressor with this exact configuration is already trained there", file=sys.stderr)
@@ -118,6 +122,18 @@ def run_distill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _teacher_only(cfg: DistillConfig, directory: str | None, accelerator) -> int:
+    """Fill the teacher cache for ``cfg`` and stop: several runs that share it (a compressor
+    and its control, say) can then train side by side without computing it twice."""
+    model, tokenizer = load_model(cfg.model, device=accelerator.device)
+    path = build_teacher_cache(model, tokenizer, teacher_spec(cfg, model), directory,
+                               rank=accelerator.process_index, world=accelerator.num_processes)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        print(f"teacher cache complete: {path}", file=sys.stderr)
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("distill", help="distil an SSM compressor from the teacher (Algorithm 1)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -131,9 +147,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default)
         else:
             p.add_argument(flag, dest=f.name, type=type(default), default=default)
-    p.add_argument("--out", required=True, help="directory for the compressor, its config and checkpoints")
+    p.add_argument("--out", help="directory for the compressor, its config and checkpoints (required unless "
+                   "--teacher-only)")
     p.add_argument("--resume", action="store_true", help="continue the unfinished run in --out")
     p.add_argument("--teacher-cache", default=None,
                    help="teacher cache directory (default: keyed by settings under $ICL_SSM_CACHE/teacher)")
+    p.add_argument("--teacher-only", action="store_true",
+                   help="compute (or finish) the teacher cache for these settings and stop, training nothing")
     p.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: simulate an interruption
     p.set_defaults(func=run_distill)

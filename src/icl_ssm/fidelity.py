@@ -39,7 +39,7 @@ from icl_ssm import prompts as P
 from icl_ssm import tasks as T
 from icl_ssm.compressor import SSMCompressor, load_compressor
 from icl_ssm.cost import Cost, measure
-from icl_ssm.models import DEFAULT_MODEL, load_model
+from icl_ssm.models import DEFAULT_MODEL, load_model, resolve_device
 
 LOSSES = ("nll", "ce")  # gold-verbaliser NLL, or cross-entropy over the label set
 
@@ -533,6 +533,7 @@ class FidelityConfig:
     batch: int = 4  # subsets per cache batch
     query_batch: int = 16  # (subset, query) pairs per forward
     chat: bool = False
+    device: str = "auto"  # "auto": the GPU when there is one
 
     def check(self) -> None:
         if self.subsets < 1:
@@ -543,6 +544,7 @@ class FidelityConfig:
             raise ValueError(f"--loss {self.loss!r}; accepted: {', '.join(LOSSES)}")
         if self.n_window is not None and self.n_window < 0:
             raise ValueError(f"--n-window {self.n_window}: expected >= 0 prompt tokens")
+        resolve_device(self.device)
         if self.batch < 1 or self.query_batch < 1:
             raise ValueError(f"--batch {self.batch} / --query-batch {self.query_batch}: expected >= 1")
 
@@ -559,11 +561,11 @@ def run_fidelity(
     batch of ``n`` subsets.
     """
     config.check()
-    model, tokenizer = load_model(config.model)
-    compressor = load_compressor(config.compressor, model.config)
+    model, tokenizer = load_model(config.model, device=resolve_device(config.device))
+    compressor = load_compressor(config.compressor, model.config).to(model.device)
     control = None
     if config.control is not None:
-        control = load_compressor(config.control, model.config)
+        control = load_compressor(config.control, model.config).to(model.device)
         if not control.config.control:
             raise ValueError(
                 f"--control {config.control!r} is not a control compressor (its config has control=False); "
@@ -579,7 +581,7 @@ def run_fidelity(
     subsets = sample_subsets(splits.pool, config.k, config.subsets, rng)
     builder = P.PromptBuilder.for_model(model, tokenizer, task, chat=config.chat)
     prefixes = [builder.build_prefix([splits.pool[i] for i in subset]) for subset in subsets]
-    also = {name: load_compressor(path, model.config) for name, path in config.also.items()}
+    also = {name: load_compressor(path, model.config).to(model.device) for name, path in config.also.items()}
     paths = cache_paths(model, compressor, control=control, n_window=config.n_window, also=also)
     if on_start is not None:
         on_start(len(prefixes))
@@ -642,6 +644,7 @@ def _main(args: argparse.Namespace) -> int:
         model=args.model, task=args.task, k=args.k, compressor=args.compressor, control=args.control,
         subsets=args.subsets, queries=args.queries, seed=args.seed, loss=args.loss, n_window=args.n_window,
         also=_parse_also(args.also), batch=args.batch, query_batch=args.query_batch, chat=args.chat,
+        device=args.device,
     )  # fmt: skip
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -699,6 +702,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=4, help="subsets per cache batch")
     p.add_argument("--query-batch", type=int, default=16, help="(subset, query) pairs per forward")
     p.add_argument("--chat", action="store_true", help="format through the tokenizer's chat template")
+    p.add_argument("--device", default="auto", help="'auto' (the GPU when there is one), 'cpu', 'cuda', 'cuda:1', ...")
     p.add_argument("--json", action="store_true", help="print only the JSON report on stdout")
     p.set_defaults(func=_main)
 

@@ -125,6 +125,17 @@ GgufLoader = Callable[[Path], "tuple[PreTrainedModel, PreTrainedTokenizerBase]"]
 # --------------------------------------------------------------------------- loading
 
 
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"``: the first GPU when torch sees one, else the CPU; anything else as torch reads it."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device {device!r} is not a torch device; accepted: 'auto', 'cpu', 'cuda', 'cuda:N', ...") \
+            from err
+
+
 def load_model(
     name_or_path: str | os.PathLike[str] = DEFAULT_MODEL,
     *,
@@ -670,6 +681,7 @@ __all__ = [
     "load_gguf",
     "load_model",
     "model_info",
+    "resolve_device",
     "resolve_dtype",
     "save_converted",
     "tiny_config",

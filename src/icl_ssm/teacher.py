@@ -174,8 +174,10 @@ def pool_kv(kv: Tensor, length: int, num_sink: int, num_virtual: int) -> Tensor:
 @torch.no_grad()
 def teacher_targets(model, builder: PromptBuilder, demos: list[T.Example], queries: list[T.Example],
                     spec: TeacherSpec) -> dict[str, Tensor]:
-    """One episode's targets (see the module docstring); shapes without the episode axis."""
-    prefix_ids = torch.tensor([builder.build_prefix(demos).input_ids])
+    """One episode's targets (see the module docstring); shapes without the episode axis.
+    Computed on the model's device, returned on the CPU (ready for a shard)."""
+    device = model.device
+    prefix_ids = torch.tensor([builder.build_prefix(demos).input_ids], device=device)
     dense = K.exact_cache(model, prefix_ids)
     L = prefix_ids.shape[1]
     end = L - spec.num_recent  # virtual tokens summarise what the recent tokens do not keep
@@ -183,17 +185,16 @@ def teacher_targets(model, builder: PromptBuilder, demos: list[T.Example], queri
     pool_v = torch.stack([pool_kv(v[0], end, spec.num_sink, spec.num_virtual) for v in dense.values])
     suffixes = [torch.tensor(builder.build_suffix(q).input_ids) for q in queries]
     ids, mask = pad_ids(suffixes, side="left")  # the answer position is the last one for every row
-    out = K.forward_with_prefix(model, dense.repeat_interleave(len(queries)), ids, mask,
+    out = K.forward_with_prefix(model, dense.repeat_interleave(len(queries)), ids.to(device), mask.to(device),
                                 output_hidden_states=True, logits_to_keep=1)
     logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # (Q, V)
     top_logp, top_idx = logp.topk(spec.topk, dim=-1)
-    gold = torch.tensor([builder.answer_ids(q)[0] for q in queries])
+    gold = torch.tensor([builder.answer_ids(q)[0] for q in queries], device=device)
     labels = builder.task.labels if builder.task.kind == "classification" else ()
-    label_tokens = torch.tensor([builder.answer_ids(lab)[0] for lab in labels], dtype=torch.long)
+    label_tokens = torch.tensor([builder.answer_ids(lab)[0] for lab in labels], dtype=torch.long, device=device)
     hidden = torch.stack([h[:, -1] for h in out.hidden_states[1:]], dim=1)  # (Q, m, H)
-    return {
+    targets = {
         "prompt_ids": prefix_ids[0],
-        "query_ids": suffixes,
         "pool_k": pool_k.half(),
         "pool_v": pool_v.half(),
         "top_idx": top_idx.int(),
@@ -201,9 +202,10 @@ def teacher_targets(model, builder: PromptBuilder, demos: list[T.Example], queri
         "gold_token": gold,
         "gold_logp": logp.gather(1, gold[:, None])[:, 0],
         "label_tokens": label_tokens,
-        "label_logp": logp[:, label_tokens] if len(labels) else torch.zeros(len(queries), 0),
+        "label_logp": logp[:, label_tokens] if len(labels) else logp.new_zeros(len(queries), 0),
         "hidden": hidden.half(),
     }
+    return {"query_ids": suffixes, **{name: t.cpu() for name, t in targets.items()}}
 
 
 def _atomic_save(tensors: dict[str, Tensor], path: Path) -> None:
