@@ -349,3 +349,11 @@ def test_gate_config_is_checked():
         SSMCompressorConfig.for_teacher(tiny_config("llama"), gate=True, gate_init=float("-inf"))
     with pytest.raises(ValueError, match="gate=False"):
         small_compressor(tiny_model("llama")).slot_bias(1)
+
+
+def test_default_compressor_config_is_valid():
+    # transformers instantiates the default config (e.g. to diff against when saving)
+    from icl_ssm.compressor import SSMCompressorConfig
+
+    config = SSMCompressorConfig()
+    assert config.num_groups <= config.teacher_num_layers

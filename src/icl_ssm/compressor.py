@@ -59,7 +59,7 @@ class SSMCompressorConfig(PreTrainedConfig):
     model_type = "icl_ssm_compressor"
 
     teacher_name: str = ""
-    teacher_num_layers: int = 2
+    teacher_num_layers: int = 4  # with num_groups=4: the default config is a valid one (transformers builds it)
     teacher_num_kv_heads: int = 1
     teacher_head_dim: int = 8
     teacher_hidden_size: int = 16
