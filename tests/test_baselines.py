@@ -158,3 +158,13 @@ def test_gradce_prefilter_and_scores(setup):
             expect = loss0 + float(g @ (B.demo_embedding(model, builder, [pool[z]]) - e_anchor))
             assert -sel.scores[z] == pytest.approx(expect, rel=1e-4, abs=1e-6)
     assert all(p.requires_grad for p in model.parameters()) and all(p.grad is None for p in model.parameters())
+
+
+def test_importing_the_package_leaves_bm25s_and_jax_alone():
+    # bm25s runs a JAX op at import, and JAX's first op takes most of a GPU's memory
+    import subprocess
+    import sys
+
+    code = "import sys, icl_ssm; print(sorted(m for m in ('bm25s', 'jax') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

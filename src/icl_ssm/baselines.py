@@ -14,10 +14,10 @@ All three are deterministic: ``rng`` is accepted for the contract and not used.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import bm25s
 import numpy as np
 import torch
 from torch import Tensor
@@ -43,6 +43,16 @@ def _forward_kwargs(model: PreTrainedModel, keep: int | Tensor) -> dict:
 # ----------------------------------------------------------------------------- bm25
 
 
+def _bm25s():
+    """``bm25s``, imported on first use: where JAX is installed, importing it runs a JAX op, and
+    JAX's first op takes 75% of the GPU's memory unless told otherwise; neither should happen
+    to a process that never asked for BM25 (a distillation run beside others on one GPU)."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import bm25s
+
+    return bm25s
+
+
 @register("bm25")
 @dataclass
 class BM25Selector(Selector):
@@ -54,6 +64,7 @@ class BM25Selector(Selector):
 
     def scores(self, pool: Sequence[T.Example], validation: Sequence[T.Example]) -> np.ndarray:
         """(n,) float64: mean over the validation queries of each candidate's BM25 score."""
+        bm25s = _bm25s()
         corpus = bm25s.tokenize([e.input for e in pool], stopwords="en", return_ids=False, show_progress=False)
         queries = bm25s.tokenize([q.input for q in validation], stopwords="en", return_ids=False,
                                  show_progress=False)

@@ -358,6 +358,8 @@ def train(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         compressor = SSMCompressor(ccfg).train()
+    # on the device before the optimizer exists: a resumed optimizer state follows its parameters there
+    compressor.to(accelerator.device)
     own = {"gate_bias": cfg.gate_lr, "ssm.log_dt": cfg.dt_lr}  # parameters with their own learning rate
     rest = [p for n, p in compressor.named_parameters() if n not in own]
     param_groups = [{"params": rest}] + [{"params": [p], "own_lr": own[n], "weight_decay": 0.0}
@@ -372,7 +374,6 @@ def train(
     start_step, history = 0, []
     if resume:
         start_step, history = load_checkpoint(out, compressor, optimizer)
-    compressor.to(accelerator.device)
     raw = compressor
     rank, world = accelerator.process_index, accelerator.num_processes
     if cfg.groups_per_step % world:
