@@ -282,6 +282,7 @@ def test_command_prints_a_table(capsys, files):
         (["--also", "a=COMP", "a=COMP"], "the name 'a' is given twice"),
         (["--also", "window=COMP"], r"the names \['window'\] are taken"),
         (["--also", "q=QWEN"], "cannot serve this model: head_dim"),
+        (["--device", "gpu0"], "device 'gpu0' is not a torch device"),
     ],
 )
 def test_bad_inputs(capsys, files, extra, message):
