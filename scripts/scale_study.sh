@@ -11,7 +11,8 @@
 # k50:   rotten_tomatoes, k = 50, 1024 episodes (G and control) and fidelity.
 # nv:    n_v in {2, 4, 32} at k = 20, 512 episodes each, beside G at 512, one fidelity run.
 # tasks: coin_flip and modular_addition, k = 20, 512 episodes (G and control), fidelity each.
-# open:  G at 2048 episodes with the gates opened (gate-init 0) and with rank weight 5.
+# open:  G at 2048 episodes with the gates opened (gate-init 0) and with rank weight 5, beside
+#        the control and G of `scale` (run that part first).
 #
 # Every job runs in the background on the same GPU (the teacher is small; one process
 # leaves most of the device idle). Finished runs are skipped on a rerun. ICL sets the
