@@ -364,3 +364,29 @@ def test_learned_dt_trains_resumes_and_loads(tmp_cache, tmp_path, capsys):
     assert main(["distill", *learned, "--system", "scale_invariant", "--out", str(tmp_path / "bad")]) == 2
     assert "learn_dt needs system='time_invariant'" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()  # refused before anything is written
+
+
+def test_numeric_answers_are_scored_where_they_differ(tmp_cache, tmp_path):
+    """modular_addition writes " 12" as ' ', '1', '2': the targets sit after the shared space."""
+    model, tok = load_model("tiny-llama")
+    builders, pools = TT.task_builders(model, tok, ("modular_addition",), seed=0, chat=False)
+    leads = TT.answer_leads(builders, pools)
+    assert leads == ((tok.convert_tokens_to_ids("Ġ"),),)
+    assert TT.answer_leads(*TT.task_builders(model, tok, ("coin_flip",), seed=0, chat=False)) == ()
+    base = dict(model_fingerprint=TT.model_fingerprint(model), tasks=("modular_addition",), episodes=3)
+    with pytest.raises(ValueError, match="answer_leads is \\(\\), but the answers of \\['modular_addition'\\]"):
+        TT.build_teacher_cache(model, tok, spec(**base), tmp_path / "bad")
+    s = spec(**base, answer_leads=leads)
+    assert s.key() != spec(**base).key()
+    d = TT.build_teacher_cache(model, tok, s, tmp_path / "tc")
+    e = TT.TeacherCache.open(d, s).get(0)
+    builder, pool = builders[0], pools[0]
+    queries = [pool[i] for i in TT.TeacherCache.open(d).episodes[0].queries]
+    for q, ids, gold in zip(queries, e["query_ids"], e["gold_token"], strict=True):
+        assert ids.tolist() == builder.build_suffix(q).input_ids + list(leads[0])
+        assert int(gold) == builder.answer_ids(q)[1] and tok.convert_ids_to_tokens(int(gold)).isdigit()
+    label_tokens = [t for t in e["label_tokens"].tolist() if t >= 0]
+    assert sorted(tok.convert_ids_to_tokens(label_tokens)) == [str(i) for i in range(10)]  # distinct digits
+    assert TT.TeacherCache.open(d).spec == s  # the stored leads read back as the spec's
+    with pytest.raises(ValueError, match="answer_leads has 2 entries for 1 tasks"):
+        spec(answer_leads=((1,), (2,)))

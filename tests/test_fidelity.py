@@ -131,6 +131,24 @@ def test_answer_logits_fast_matches_reference(llama, coin):
     torch.testing.assert_close(fast, F.answer_logits_ref(model, cache, suffixes, rows), atol=1e-4, rtol=1e-4)
 
 
+def test_logits_are_compared_where_numeric_answers_differ(llama):
+    """modular_addition's answers all start with a space token: the logits compared are the
+    next position's, after the query and that shared space."""
+    model, _ = llama
+    task = T.get_task("modular_addition", p=13, size=60)
+    splits = T.split(task, seed=0)
+    builder, _, prefixes = _prefixes(llama, task, splits)
+    ids, mask = F.pad_right(prefixes)
+    cache = K.exact_cache(model, ids, mask)
+    queries = splits.validation[:2]
+    lead = builder.answer_lead()
+    assert len(lead) == 1
+    got = F.evaluate_prefixes(model, builder, cache, queries).logits  # (R, Q, V)
+    suffixes = [builder.build_suffix(q).input_ids + lead for q in queries]
+    want = F.answer_logits_ref(model, cache, suffixes * 3, [0, 0, 1, 1, 2, 2]).view(3, 2, -1)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 def test_dense_path_reproduces_full_prompts_and_answer_loss(llama, coin):
     """Loss and prediction after the exact cache == scoring the whole dense prompt."""
     model, _ = llama

@@ -468,3 +468,22 @@ def test_generate_answers_cuts_at_stop_string_and_extracts(tokenizers, qwen2):
     assert cut == [raw[0].split(stop, 1)[0]]
     extracted = generate_answers(qwen2, builder, prompts, max_new_tokens=6, stop_strings=())
     assert extracted == [builder.task.extract_answer(r) for r in raw]
+
+
+def test_answer_lead_is_what_every_answer_starts_with(tokenizers):
+    from icl_ssm import tasks as T
+
+    tok = tokenizers["gpt2-style"]
+    sentiment = PromptBuilder(tok, sentiment_task())
+    assert sentiment.answer_lead() == []  # " positive" / " negative": told apart at once
+    numbers = PromptBuilder(tok, T.get_task("modular_addition", p=13, size=40))
+    lead = numbers.answer_lead()
+    labels = numbers.label_ids()
+    assert lead and all(ids[: len(lead)] == lead for ids in labels)  # the space every " 12" starts with
+    assert len({ids[len(lead)] for ids in labels}) > 1  # the next token tells answers apart
+    qa = PromptBuilder(tok, qa_task())
+    with pytest.raises(ValueError, match="generative: answer_lead needs examples"):
+        qa.answer_lead()
+    same_start = [FakeExample("a", "q", "Paris is big"), FakeExample("b", "q", "Paris")]
+    cut = qa.answer_lead(same_start)
+    assert cut == qa.answer_ids(same_start[1])[:-1]  # one token short of the shortest answer

@@ -16,15 +16,17 @@ import torch
 
 from icl_ssm.distill import DistillConfig, TrainingDiverged, train
 from icl_ssm.models import load_model
-from icl_ssm.teacher import TeacherCache, TeacherSpec, build_teacher_cache, model_fingerprint
+from icl_ssm.teacher import (TeacherCache, TeacherSpec, answer_leads, build_teacher_cache, model_fingerprint,
+                             task_builders)
 
 
-def teacher_spec(cfg: DistillConfig, model) -> TeacherSpec:
+def teacher_spec(cfg: DistillConfig, model, tokenizer) -> TeacherSpec:
+    leads = answer_leads(*task_builders(model, tokenizer, cfg.tasks, seed=cfg.seed, chat=cfg.chat))
     return TeacherSpec(model=cfg.model, model_fingerprint=model_fingerprint(model), tasks=cfg.tasks, k=cfg.k,
                        episodes=cfg.samples, queries=cfg.queries, group_size=cfg.group_size,
                        num_virtual=cfg.num_virtual, num_sink=cfg.num_sink, num_recent=cfg.num_recent,
                        topk=cfg.topk, seed=cfg.seed, chat=cfg.chat, shared_tail=cfg.shared_tail,
-                       shared_tail_every=cfg.shared_tail_every)
+                       shared_tail_every=cfg.shared_tail_every, answer_leads=leads)
 
 
 def check_out(out: Path, cfg: DistillConfig, resume: bool) -> str:
@@ -76,7 +78,7 @@ def run_distill(args: argparse.Namespace) -> int:
         print(f"{out}: a compressor with this exact configuration is already trained there", file=sys.stderr)
         return 0
     model, tokenizer = load_model(cfg.model, device=accelerator.device)
-    spec = teacher_spec(cfg, model)
+    spec = teacher_spec(cfg, model, tokenizer)
     main = accelerator.is_main_process
     if main:
         out.mkdir(parents=True, exist_ok=True)
@@ -126,7 +128,7 @@ def _teacher_only(cfg: DistillConfig, directory: str | None, accelerator) -> int
     """Fill the teacher cache for ``cfg`` and stop: several runs that share it (a compressor
     and its control, say) can then train side by side without computing it twice."""
     model, tokenizer = load_model(cfg.model, device=accelerator.device)
-    path = build_teacher_cache(model, tokenizer, teacher_spec(cfg, model), directory,
+    path = build_teacher_cache(model, tokenizer, teacher_spec(cfg, model, tokenizer), directory,
                                rank=accelerator.process_index, world=accelerator.num_processes)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:

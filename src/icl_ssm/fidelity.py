@@ -5,6 +5,11 @@ prompt does, so beside the per-query agreement of the answer-position logits (re
 error, KL, top-1) this reports the Spearman correlation, over held-out subsets, between each
 subset's mean validation loss computed densely and computed from the compressed cache.
 
+The "answer position" is the first token where answers differ: the query is followed by the
+tokens every answer starts with (``PromptBuilder.answer_lead``; the space of SmolLM2's
+``' ', '4', '2'`` for " 42"), since at a position every prompt answers alike the logits agree
+whatever the cache holds.
+
 The core is reusable by distillation and selection:
 
 * :func:`sample_subsets` - ``n`` random ``k``-subsets of a pool (explicit numpy Generator);
@@ -309,6 +314,7 @@ def evaluate_prefixes(
                          f"task {task.name!r} is {task.kind!r}: use loss='nll'")
     R, Q = prefixes.batch_size, len(queries)
     suffixes = [builder.build_suffix(q).input_ids for q in queries]
+    lead = builder.answer_lead(queries)  # logits are compared where answers differ (see answer_lead)
     pairs = [(r, q) for r in range(R) for q in range(Q)]  # pair r * Q + q
     if classification:
         labels = builder.label_ids()
@@ -320,7 +326,7 @@ def evaluate_prefixes(
         chunk = pairs[start : start + query_batch]
         rows = [r for r, _ in chunk]
         sfx = [suffixes[q] for _, q in chunk]
-        z = answer_logits(model, prefixes, sfx, rows)  # (n, V)
+        z = answer_logits(model, prefixes, [s + lead for s in sfx], rows)  # (n, V)
         if keep_logits:
             logits.append(z.cpu())
         if classification:

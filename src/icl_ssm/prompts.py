@@ -276,6 +276,33 @@ class PromptBuilder:
         self._require_classification("label_ids")
         return [self.answer_ids(label) for label in self.task.labels]
 
+    def answer_lead(self, examples: Sequence[ExampleLike] = ()) -> list[int]:
+        """The tokens every answer starts with: where a one-position target must *not* be read.
+
+        SmolLM2 writes ``" 42"`` as ``' ', '4', '2'``: after the query every answer of a numeric
+        task starts with the same space token, so the answer position's distribution is the same
+        for every prompt, and a loss or a logit comparison read there says nothing about the
+        demonstrations. Appending the lead to the query moves that position to the first token
+        where answers differ. The lead is the longest common prefix of the verbalisers' ids
+        (classification) or of ``examples``' answers (generative; needed then), cut one token
+        short of the shortest answer so that every answer keeps a token after it. ``[]`` for
+        verbalisers such as ``" positive"``/``" negative"``.
+        """
+        if self.task.kind == "classification":
+            answers = self.label_ids()
+        else:
+            if not examples:
+                raise ValueError(f"task {self.task.name!r} is generative: answer_lead needs examples whose "
+                                 "answers define the lead")
+            answers = [self.answer_ids(e) for e in examples]
+        lead = answers[0]
+        for ids in answers[1:]:
+            n = 0
+            while n < min(len(lead), len(ids)) and lead[n] == ids[n]:
+                n += 1
+            lead = lead[:n]
+        return list(lead[: min(len(ids) for ids in answers) - 1])
+
     def label_index(self, example: ExampleLike) -> int:
         """Index of the example's gold label in ``task.labels``."""
         self._require_classification("label_index")

@@ -11,8 +11,10 @@ each query from that prefix cache (never re-running the prefix). Stored, per epi
 * ``pool_k``, ``pool_v: (m, H_kv, n_v, d)``: the post-RoPE keys/values of the prompt after
   the sinks, averaged over ``n_v`` equal chunks of positions (the stage-1 targets);
 * per query: the top-K log-probabilities of the answer-position distribution and the mass
-  left outside them (KL targets), the first-token gold log-probability and the first-token
-  log-probability of every label, and every layer's hidden state at the answer position.
+  left outside them (KL targets), the gold token's log-probability and that of every label's
+  token, and every layer's hidden state at the answer position. The answer position is the
+  first one where answers differ: a lead that every answer shares (the space of " 42" in
+  SmolLM2's tokenizer) is appended to each query (``TeacherSpec.answer_leads``).
 
 Shards are safetensors files written atomically under a directory keyed by everything the
 targets depend on (``meta.json``); a directory written with other settings is refused with
@@ -44,7 +46,7 @@ from icl_ssm.prompts import PromptBuilder, pad_ids
 FORMAT = 1
 
 
-_LATER_FIELDS = ("shared_tail", "shared_tail_every")  # TeacherSpec fields added after FORMAT 1
+_LATER_FIELDS = ("shared_tail", "shared_tail_every", "answer_leads")  # TeacherSpec fields added after FORMAT 1
 
 
 def check_shared_tail(shared_tail: int, every: int, k: int) -> None:
@@ -76,8 +78,15 @@ class TeacherSpec:
     format: int = FORMAT
     shared_tail: int = 0  # last demonstrations common to the subsets of a group (see sample_episodes)
     shared_tail_every: int = 1  # ... in every such group (1: all groups; 2: every other group)
+    # per task, the tokens every answer starts with (PromptBuilder.answer_lead), appended to each
+    # query so that the targets are read where answers differ; () when no task has one
+    answer_leads: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "answer_leads", tuple(tuple(int(t) for t in lead) for lead in self.answer_leads))
+        if self.answer_leads and len(self.answer_leads) != len(self.tasks):
+            raise ValueError(f"answer_leads has {len(self.answer_leads)} entries for {len(self.tasks)} tasks; "
+                             "expected one per task (or none)")
         for name in ("k", "episodes", "queries", "group_size", "num_virtual", "topk", "shard_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -148,6 +157,21 @@ def sample_episodes(pool_sizes: Sequence[int], spec: TeacherSpec) -> list[Episod
     return episodes
 
 
+def answer_leads(builders: Sequence[PromptBuilder], pools: Sequence[Sequence[T.Example]]) -> tuple:
+    """``TeacherSpec.answer_leads`` for these tasks: each builder's ``answer_lead`` over its
+    pool's answers, or ``()`` when no task has one (the targets then sit at the answer position)."""
+    leads = tuple(tuple(b.answer_lead(pool)) for b, pool in zip(builders, pools, strict=True))
+    return leads if any(leads) else ()
+
+
+def task_builders(model, tokenizer, tasks: Sequence[str], *, seed: int, chat: bool,
+                  task_options: dict | None = None) -> tuple[list[PromptBuilder], list[list[T.Example]]]:
+    """The prompt builder and candidate pool of every task, as the teacher pass uses them."""
+    loaded = [T.get_task(name, **(task_options or {}).get(name, {})) for name in tasks]
+    pools = [T.split(task, seed=seed).pool for task in loaded]
+    return [PromptBuilder.for_model(model, tokenizer, task, chat=chat) for task in loaded], pools
+
+
 def _ragged(seqs: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
     lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
@@ -173,9 +197,13 @@ def pool_kv(kv: Tensor, length: int, num_sink: int, num_virtual: int) -> Tensor:
 
 @torch.no_grad()
 def teacher_targets(model, builder: PromptBuilder, demos: list[T.Example], queries: list[T.Example],
-                    spec: TeacherSpec) -> dict[str, Tensor]:
+                    spec: TeacherSpec, lead: Sequence[int] = ()) -> dict[str, Tensor]:
     """One episode's targets (see the module docstring); shapes without the episode axis.
-    Computed on the model's device, returned on the CPU (ready for a shard)."""
+
+    ``lead``: the tokens every answer starts with (``PromptBuilder.answer_lead``); they end each
+    stored query, so the targets (distribution, gold token, label tokens, hidden states) are
+    those of the first token where answers differ. The label tokens are the labels' distinct
+    tokens there, in label order. Computed on the model's device, returned on the CPU."""
     device = model.device
     prefix_ids = torch.tensor([builder.build_prefix(demos).input_ids], device=device)
     dense = K.exact_cache(model, prefix_ids)
@@ -183,15 +211,17 @@ def teacher_targets(model, builder: PromptBuilder, demos: list[T.Example], queri
     end = L - spec.num_recent  # virtual tokens summarise what the recent tokens do not keep
     pool_k = torch.stack([pool_kv(k[0], end, spec.num_sink, spec.num_virtual) for k in dense.keys])
     pool_v = torch.stack([pool_kv(v[0], end, spec.num_sink, spec.num_virtual) for v in dense.values])
-    suffixes = [torch.tensor(builder.build_suffix(q).input_ids) for q in queries]
+    lead = list(lead)
+    suffixes = [torch.tensor(builder.build_suffix(q).input_ids + lead) for q in queries]
     ids, mask = pad_ids(suffixes, side="left")  # the answer position is the last one for every row
     out = K.forward_with_prefix(model, dense.repeat_interleave(len(queries)), ids.to(device), mask.to(device),
                                 output_hidden_states=True, logits_to_keep=1)
     logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # (Q, V)
     top_logp, top_idx = logp.topk(spec.topk, dim=-1)
-    gold = torch.tensor([builder.answer_ids(q)[0] for q in queries], device=device)
+    gold = torch.tensor([builder.answer_ids(q)[len(lead)] for q in queries], device=device)
     labels = builder.task.labels if builder.task.kind == "classification" else ()
-    label_tokens = torch.tensor([builder.answer_ids(lab)[0] for lab in labels], dtype=torch.long, device=device)
+    distinct = dict.fromkeys(builder.answer_ids(lab)[len(lead)] for lab in labels)
+    label_tokens = torch.tensor(list(distinct), dtype=torch.long, device=device)
     hidden = torch.stack([h[:, -1] for h in out.hidden_states[1:]], dim=1)  # (Q, m, H)
     targets = {
         "prompt_ids": prefix_ids[0],
@@ -345,10 +375,13 @@ def build_teacher_cache(
     directory = teacher_cache_dir(spec, directory)
     directory.mkdir(parents=True, exist_ok=True)
     _check_meta(directory, spec)
-    tasks = [T.get_task(name, **(task_options or {}).get(name, {})) for name in spec.tasks]
-    pools = [T.split(task, seed=spec.seed).pool for task in tasks]
+    builders, pools = task_builders(model, tokenizer, spec.tasks, seed=spec.seed, chat=spec.chat,
+                                    task_options=task_options)
+    leads = answer_leads(builders, pools)
+    if leads != spec.answer_leads:
+        raise ValueError(f"spec.answer_leads is {spec.answer_leads!r}, but the answers of {list(spec.tasks)} start "
+                         f"with {leads!r}: build the spec with teacher.answer_leads(*teacher.task_builders(...))")
     episodes = sample_episodes([len(p) for p in pools], spec)
-    builders = [PromptBuilder.for_model(model, tokenizer, task, chat=spec.chat) for task in tasks]
     if rank == 0:
         for name, payload in (("episodes.json", [asdict(e) for e in episodes]), ("meta.json", asdict(spec))):
             path = directory / name
@@ -373,7 +406,7 @@ def build_teacher_cache(
         for e in block:
             pool = pools[e.task]
             rows.append(teacher_targets(model, builders[e.task], [pool[i] for i in e.demos],
-                                        [pool[i] for i in e.queries], spec))
+                                        [pool[i] for i in e.queries], spec, leads[e.task] if leads else ()))
             done += 1
             if progress:
                 progress(done, total)
