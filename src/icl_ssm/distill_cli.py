@@ -16,8 +16,14 @@ import torch
 
 from icl_ssm.distill import DistillConfig, TrainingDiverged, train
 from icl_ssm.models import load_model
-from icl_ssm.teacher import (TeacherCache, TeacherSpec, answer_leads, build_teacher_cache, model_fingerprint,
-                             task_builders)
+from icl_ssm.teacher import (
+    TeacherCache,
+    TeacherSpec,
+    answer_leads,
+    build_teacher_cache,
+    model_fingerprint,
+    task_builders,
+)
 
 
 def teacher_spec(cfg: DistillConfig, model, tokenizer) -> TeacherSpec:
