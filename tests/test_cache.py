@@ -357,3 +357,20 @@ def test_default_compressor_config_is_valid():
 
     config = SSMCompressorConfig()
     assert config.num_groups <= config.teacher_num_layers
+
+
+def test_an_extended_prefix_equals_the_longer_prompt():
+    """prefix + what a forward after it read == the exact cache of the whole prompt."""
+    model = tiny_model("llama").eval()
+    torch.manual_seed(0)
+    ids = torch.randint(3, 100, (2, 12))
+    full = K.exact_cache(model, ids)
+    head = K.exact_cache(model, ids[:, :8])
+    with torch.no_grad():
+        out = K.forward_with_prefix(model, head, ids[:, 8:])
+    joined = head.extended(out.past_key_values, torch.ones(2, 4, dtype=torch.bool))
+    assert joined.length == 12 and joined.next_position.tolist() == [12, 12]
+    for a, b in zip(joined.keys + joined.values, full.keys + full.values, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="the cache holds 12 slots; expected this prefix's 8 \\+ 3 new ones"):
+        head.extended(out.past_key_values, torch.ones(2, 3, dtype=torch.bool))

@@ -149,6 +149,30 @@ def test_logits_are_compared_where_numeric_answers_differ(llama):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("gated", [False, True], ids=["exact", "gated-compressed"])
+def test_multi_token_label_scores_read_the_query_once_and_equal_the_reference(llama, gated):
+    model, _ = llama
+    task = T.get_task("modular_addition", p=13, size=60)
+    splits = T.split(task, seed=0)
+    builder, _, prefixes = _prefixes(llama, task, splits)
+    ids, mask = F.pad_right(prefixes)
+    if gated:
+        config = SSMCompressorConfig.for_teacher(model.config, **SMALL, num_recent=2, gate=True, gate_init=-1.0)
+        cache = K.compressed_cache(model, SSMCompressor(config).eval(), ids, mask)
+        assert cache.bias is not None
+    else:
+        cache = K.exact_cache(model, ids, mask)
+    suffixes = [builder.build_suffix(q).input_ids for q in splits.validation[:3]] * 2
+    rows = [0, 1, 2, 2, 0, 1]
+    z, scores = F.answer_scores(model, builder, cache, suffixes, rows, batch_size=5)
+    want = P.score_labels(model, builder, suffixes, prefix=cache.select(rows), reference=True)
+    assert scores.shape == (6, 13)
+    torch.testing.assert_close(scores, want.cpu(), atol=1e-4, rtol=1e-4)
+    lead = builder.answer_lead()
+    torch.testing.assert_close(z, F.answer_logits_ref(model, cache, [s + lead for s in suffixes], rows),
+                               atol=1e-4, rtol=1e-4)
+
+
 def test_dense_path_reproduces_full_prompts_and_answer_loss(llama, coin):
     """Loss and prediction after the exact cache == scoring the whole dense prompt."""
     model, _ = llama

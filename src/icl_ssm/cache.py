@@ -73,6 +73,24 @@ class PrefixCache:
         """Each row ``n`` times in a row: ``(B, ...) -> (B * n, ...)``."""
         return self.select(torch.arange(self.batch_size).repeat_interleave(n))
 
+    def extended(self, past_key_values: DynamicCache, mask: Tensor) -> PrefixCache:
+        """This prefix followed by the tokens a forward after it has just read.
+
+        ``past_key_values``: that forward's cache (these ``length`` slots, then ``q`` new ones);
+        ``mask: (B, q)`` its real tokens (padding slots stay masked). A gate bias stays on the
+        old slots; the new ones are real tokens (bias 0). Reading a shared query once and then
+        only what differs (one branch per label) rests on this.
+        """
+        keys, values = _kv_from_cache(past_key_values)
+        mask = mask.bool().to(self.mask.device)
+        if keys[0].shape[2] != self.length + mask.shape[1]:
+            raise ValueError(f"the cache holds {keys[0].shape[2]} slots; expected this prefix's {self.length} "
+                             f"+ {mask.shape[1]} new ones")
+        bias = None if self.bias is None else torch.cat([self.bias, self.bias.new_zeros(mask.shape)], dim=1)
+        return PrefixCache(keys=keys, values=values, mask=torch.cat([self.mask, mask], dim=1),
+                           next_position=self.next_position + mask.sum(1), prompt_length=self.prompt_length,
+                           bias=bias)
+
     def to_dynamic(self) -> DynamicCache:
         """A fresh ``DynamicCache`` holding these keys and values."""
         return DynamicCache(ddp_cache_data=list(zip(self.keys, self.values)))

@@ -278,6 +278,50 @@ def answer_logits_ref(
     return torch.stack(out)  # (n, V)
 
 
+def answer_scores(
+    model: PreTrainedModel,
+    builder: P.PromptBuilder,
+    prefixes: K.PrefixCache,
+    suffixes: Sequence[Sequence[int]],
+    rows: Sequence[int],
+    batch_size: int = 64,
+) -> tuple[Tensor, Tensor]:
+    """Answer logits and every label's verbaliser log-likelihood, reading the query only once.
+
+    For multi-token verbalisers (modular_addition's " 0" .. " 96": ``' ', '4', '2'``). One
+    forward reads ``suffixes[i] + lead`` after prefix row ``rows[i]`` (``lead`` the tokens every
+    answer starts with, :meth:`PromptBuilder.answer_lead`) and keeps its cache; each label's
+    remaining tokens are then scored after that cache, sharing branches (" 4" and " 42" share
+    the branch '4'), one or two tokens a row instead of the whole query again. Returns the
+    logits at the first token where answers differ ``(n, V)`` float32 and the scores
+    ``(n, n_labels)`` float32, equal to :func:`icl_ssm.prompts.score_labels` (the reference).
+    """
+    if len(suffixes) != len(rows):
+        raise ValueError(f"{len(suffixes)} suffixes but {len(rows)} prefix rows; expected equal")
+    lead = builder.answer_lead()
+    rest = [ids[len(lead):] for ids in builder.label_ids()]
+    device = prefixes.mask.device
+    ids, mask = (t.to(device) for t in P.pad_ids([list(s) + lead for s in suffixes], side="left"))
+    sub = prefixes.select(list(rows))
+    keep = {"logits_to_keep": len(lead) + 1} if _logits_to_keep(model) else {}
+    with torch.no_grad():
+        out = K.forward_with_prefix(model, sub, ids, mask, **keep)
+    logp = torch.log_softmax(out.logits[:, -len(lead) - 1 :].float(), dim=-1)  # (n, lead + 1, V)
+    lead_logp = sum((logp[:, j, t] for j, t in enumerate(lead)), logp.new_zeros(len(suffixes)))  # (n,)
+    first = logp[:, -1]  # (n, V): where answers differ
+    scores = lead_logp[:, None] + first[:, [r[0] for r in rest]]  # (n, n_labels)
+    longer = [i for i, r in enumerate(rest) if len(r) > 1]
+    if longer:
+        extended = sub.extended(out.past_key_values, mask)
+        n = len(suffixes)
+        tail = P.continuation_logprobs(
+            model, [rest[i][:1] for _ in range(n) for i in longer], [rest[i][1:] for _ in range(n) for i in longer],
+            prefix=extended, prefix_rows=[b for b in range(n) for _ in longer], batch_size=batch_size,
+        ).view(n, len(longer))
+        scores[:, longer] += tail
+    return out.logits[:, -1].float(), scores
+
+
 def evaluate_prefixes(
     model: PreTrainedModel,
     builder: P.PromptBuilder,
@@ -293,10 +337,11 @@ def evaluate_prefixes(
 
     Classification: the label scores are the verbalisers' log-likelihoods
     (:func:`icl_ssm.prompts.score_labels`; read off the answer-position logits when every
-    verbaliser is one token); the prediction is their argmax and the loss is the gold
-    verbaliser's NLL (``loss="nll"``, as ``answer_loss(normalize=False)``) or the cross-entropy
-    over the label set (``"ce"``, as ``answer_loss(normalize=True)``). Generative: the loss is
-    ``answer_loss`` and the metric is ``task.score`` of a greedy answer (slow).
+    verbaliser is one token, and by :func:`answer_scores` when not); the prediction is their
+    argmax and the loss is the gold verbaliser's NLL (``loss="nll"``, as
+    ``answer_loss(normalize=False)``) or the cross-entropy over the label set (``"ce"``, as
+    ``answer_loss(normalize=True)``). Generative: the loss is ``answer_loss`` and the metric
+    is ``task.score`` of a greedy answer (slow).
 
     Pairs are processed ``query_batch`` at a time, so memory is that many copies of a row's
     cache. Returns a :class:`PrefixEval` (its ``cost`` is left for the caller to fill).
@@ -326,15 +371,16 @@ def evaluate_prefixes(
         chunk = pairs[start : start + query_batch]
         rows = [r for r, _ in chunk]
         sfx = [suffixes[q] for _, q in chunk]
-        z = answer_logits(model, prefixes, [s + lead for s in sfx], rows)  # (n, V)
+        if classification and label_tokens is None:  # multi-token verbalisers: the query is read once
+            z, label_scores = answer_scores(model, builder, prefixes, sfx, rows, batch_size=4 * query_batch)
+            scores.append(label_scores.cpu())
+        else:
+            z = answer_logits(model, prefixes, [s + lead for s in sfx], rows)  # (n, V)
         if keep_logits:
             logits.append(z.cpu())
         if classification:
             if label_tokens is not None:
                 scores.append(z.log_softmax(-1)[:, label_tokens.to(z.device)].cpu())  # (n, n_labels)
-            else:
-                sub = prefixes.select(rows)
-                scores.append(P.score_labels(model, builder, sfx, prefix=sub, batch_size=query_batch).cpu())
         else:
             sub = prefixes.select(rows)
             examples = [queries[q] for _, q in chunk]
