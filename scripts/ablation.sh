@@ -7,14 +7,16 @@
 # (the settings that key it are not varied). One fidelity run then evaluates every variant on
 # the same held-out subsets and queries (`--also`), so the dense and window paths are computed
 # once, and a markdown table is printed. Finished variants are skipped on a rerun.
-# Two one-thread jobs at a time suit a 2-core machine: JOBS=2 (default).
+# Two one-thread jobs at a time suit a 2-core machine: JOBS=2 (default). BASE_EXTRA adds flags
+# to the base of every variant (e.g. BASE_EXTRA="--stage2-lr 3e-4" for modular_addition, where
+# G's stage-2 rate of 1e-3 diverges; see BENCHMARKS.md).
 set -euo pipefail
 OUT=${1:-ablation}
 TASK=${2:-rotten_tomatoes}
 JOBS=${JOBS:-2}
 ICL=${ICL:-icl-ssm}
 BASE="--model smollm2-135m --task $TASK --k 20 --samples 128 --queries 8 --group-size 4 --lambda-rank 1.0
-      --num-recent 16 --gate --gate-init -4 --gate-lr 0.1 --stage2-lr 1e-3 --stage2-epochs 2"
+      --num-recent 16 --gate --gate-init -4 --gate-lr 0.1 --stage2-lr 1e-3 --stage2-epochs 2 ${BASE_EXTRA:-}"
 BASE=$(echo $BASE)  # one line: it is pasted into the `bash -c` command below
 declare -A VARIANTS=(
   [G]=""

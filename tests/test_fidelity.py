@@ -164,13 +164,29 @@ def test_multi_token_label_scores_read_the_query_once_and_equal_the_reference(ll
         cache = K.exact_cache(model, ids, mask)
     suffixes = [builder.build_suffix(q).input_ids for q in splits.validation[:3]] * 2
     rows = [0, 1, 2, 2, 0, 1]
-    z, scores = F.answer_scores(model, builder, cache, suffixes, rows, batch_size=5)
+    z, scores = F.answer_scores(model, builder, cache, suffixes, rows)
     want = P.score_labels(model, builder, suffixes, prefix=cache.select(rows), reference=True)
     assert scores.shape == (6, 13)
     torch.testing.assert_close(scores, want.cpu(), atol=1e-4, rtol=1e-4)
     lead = builder.answer_lead()
     torch.testing.assert_close(z, F.answer_logits_ref(model, cache, [s + lead for s in suffixes], rows),
                                atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("verbalizers", [None, {"pos": "very very good", "neg": "very very bad", "neu": "very"}],
+                         ids=["shared-first-token", "deep-trie"])
+def test_answer_scores_on_deeper_label_tries(llama, verbalizers):
+    model, tokenizer = llama
+    task = multi_token_task(**({"verbalizers": verbalizers} if verbalizers else {}))
+    builder = P.PromptBuilder.for_model(model, tokenizer, task)
+    assert max(len(ids) for ids in builder.label_ids()) - len(builder.answer_lead()) >= 3
+    ids, mask = F.pad_right([builder.build_prefix(MULTI_EXAMPLES[:2]), builder.build_prefix(MULTI_EXAMPLES[1:3])])
+    cache = K.exact_cache(model, ids, mask)
+    suffixes = [builder.build_suffix(q).input_ids for q in MULTI_EXAMPLES[2:4]] * 2
+    rows = [0, 0, 1, 1]
+    _, scores = F.answer_scores(model, builder, cache, suffixes, rows)
+    want = P.score_labels(model, builder, suffixes, prefix=cache.select(rows), reference=True)
+    torch.testing.assert_close(scores, want.cpu(), atol=1e-4, rtol=1e-4)
 
 
 def test_dense_path_reproduces_full_prompts_and_answer_loss(llama, coin):

@@ -284,15 +284,15 @@ def answer_scores(
     prefixes: K.PrefixCache,
     suffixes: Sequence[Sequence[int]],
     rows: Sequence[int],
-    batch_size: int = 64,
 ) -> tuple[Tensor, Tensor]:
     """Answer logits and every label's verbaliser log-likelihood, reading the query only once.
 
     For multi-token verbalisers (modular_addition's " 0" .. " 96": ``' ', '4', '2'``). One
     forward reads ``suffixes[i] + lead`` after prefix row ``rows[i]`` (``lead`` the tokens every
-    answer starts with, :meth:`PromptBuilder.answer_lead`) and keeps its cache; each label's
-    remaining tokens are then scored after that cache, sharing branches (" 4" and " 42" share
-    the branch '4'), one or two tokens a row instead of the whole query again. Returns the
+    answer starts with, :meth:`PromptBuilder.answer_lead`) and keeps its cache; a second
+    forward then reads every node of the labels' trie at once (" 4" and " 42" share the node
+    '4'; a tree attention mask lets each node see the cache, its ancestors and itself), one
+    token a node instead of the whole query again for every label. Returns the
     logits at the first token where answers differ ``(n, V)`` float32 and the scores
     ``(n, n_labels)`` float32, equal to :func:`icl_ssm.prompts.score_labels` (the reference).
     """
@@ -310,15 +310,34 @@ def answer_scores(
     lead_logp = sum((logp[:, j, t] for j, t in enumerate(lead)), logp.new_zeros(len(suffixes)))  # (n,)
     first = logp[:, -1]  # (n, V): where answers differ
     scores = lead_logp[:, None] + first[:, [r[0] for r in rest]]  # (n, n_labels)
-    longer = [i for i, r in enumerate(rest) if len(r) > 1]
-    if longer:
+    # every further token of a label is read at its node of the labels' trie: one forward of all
+    # nodes after the query's cache, each node seeing the cache, its ancestors and itself
+    nodes: dict[tuple[int, ...], int] = {}  # a label's first j remaining tokens (j >= 1) -> slot
+    for r in rest:
+        for j in range(1, len(r)):
+            nodes.setdefault(tuple(r[:j]), len(nodes))  # a parent is always entered before its children
+    if nodes:
+        n, order = len(suffixes), list(nodes)
         extended = sub.extended(out.past_key_values, mask)
-        n = len(suffixes)
-        tail = P.continuation_logprobs(
-            model, [rest[i][:1] for _ in range(n) for i in longer], [rest[i][1:] for _ in range(n) for i in longer],
-            prefix=extended, prefix_rows=[b for b in range(n) for _ in longer], batch_size=batch_size,
-        ).view(n, len(longer))
-        scores[:, longer] += tail
+        dtype = extended.keys[0].dtype
+        low = torch.finfo(dtype).min
+        bias = torch.zeros(extended.mask.shape, dtype=dtype, device=device)
+        if extended.bias is not None:
+            bias += extended.bias.to(dtype)  # a gated compressor's virtual tokens
+        seen = torch.where(extended.mask, bias, torch.full_like(bias, low))  # (n, L)
+        sees = torch.tensor([[a[: len(b)] == b for b in order] for a in order], device=device)  # (q, q) a sees b
+        tree = torch.zeros(sees.shape, dtype=dtype, device=device).masked_fill(~sees, low)
+        q = len(order)
+        attention = torch.cat([seen[:, None].expand(n, q, -1), tree[None].expand(n, q, q)], dim=2)[:, None]
+        depth = torch.tensor([len(key) - 1 for key in order], device=device)
+        with torch.no_grad():
+            branch = model(input_ids=torch.tensor([key[-1] for key in order], device=device)[None].expand(n, q),
+                           attention_mask=attention, position_ids=extended.next_position[:, None] + depth[None],
+                           past_key_values=extended.to_dynamic(), use_cache=True)
+        node_logp = torch.log_softmax(branch.logits.float(), dim=-1)  # (n, q, V)
+        for i, r in enumerate(rest):
+            for j in range(1, len(r)):
+                scores[:, i] += node_logp[:, nodes[tuple(r[:j])], r[j]]
     return out.logits[:, -1].float(), scores
 
 
@@ -372,7 +391,7 @@ def evaluate_prefixes(
         rows = [r for r, _ in chunk]
         sfx = [suffixes[q] for _, q in chunk]
         if classification and label_tokens is None:  # multi-token verbalisers: the query is read once
-            z, label_scores = answer_scores(model, builder, prefixes, sfx, rows, batch_size=4 * query_batch)
+            z, label_scores = answer_scores(model, builder, prefixes, sfx, rows)
             scores.append(label_scores.cpu())
         else:
             z = answer_logits(model, prefixes, [s + lead for s in sfx], rows)  # (n, V)
