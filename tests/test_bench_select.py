@@ -51,3 +51,12 @@ def test_estimators_simulation_recovers_planted_demonstrations(tmp_path):
     result = json.loads(out.read_text())
     assert set(result["curve"]) == {"mean", "ridge", "mean+adaptive", "ridge+adaptive"}
     assert result["curve"]["ridge"]["60"] == 1.0  # noiseless and 60 subsets: ridge recovers the planted best
+
+
+def test_bench_label_scores_agrees_with_the_reference_path(tmp_cache, capsys):
+    assert main(["bench", "label-scores", "--model", "tiny-llama", "--k", "3", "--subsets", "2", "--queries", "2",
+                 "--repeats", "1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["pairs"] == 4 and result["labels"] == 97
+    assert result["max_abs_diff_scores"] < 1e-3 and result["max_abs_diff_logits"] < 1e-3
+    assert result["flops_after"] < result["flops_before"]  # the query is read once, not once per branch

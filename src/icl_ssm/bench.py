@@ -263,6 +263,52 @@ def _run_scan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_label_scores(args: argparse.Namespace) -> int:
+    """Multi-token label scoring after prefix caches: the query read once and the labels' trie
+    in one forward (``fidelity.answer_scores``) against answer logits plus ``score_labels``,
+    which re-reads the query for every branch (the path ``icl-ssm fidelity`` took before)."""
+    import numpy as np
+
+    from icl_ssm import cache as K
+    from icl_ssm import fidelity as F
+    from icl_ssm import prompts as P
+    from icl_ssm import tasks as T
+    from icl_ssm.models import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model)
+    task = T.get_task(args.task)
+    splits = T.split(task, seed=args.seed)
+    builder = P.PromptBuilder.for_model(model, tokenizer, task)
+    subsets = F.sample_subsets(splits.pool, args.k, args.subsets, np.random.default_rng(args.seed))
+    cache = K.exact_cache(model, *F.pad_right([builder.build_prefix([splits.pool[i] for i in s]) for s in subsets]))
+    suffixes = [builder.build_suffix(q).input_ids for q in splits.validation[: args.queries]] * args.subsets
+    rows = [r for r in range(args.subsets) for _ in range(args.queries)]
+    lead = builder.answer_lead()
+
+    def before():
+        z = F.answer_logits(model, cache, [s + lead for s in suffixes], rows)
+        return z, P.score_labels(model, builder, suffixes, prefix=cache.select(rows), batch_size=len(rows))
+
+    def after():
+        return F.answer_scores(model, builder, cache, suffixes, rows)
+
+    flops = {name: _count_flops(fn)[0] for name, fn in (("before", before), ("after", after))}
+    seconds = _time_interleaved((before, after), args.repeats)
+    (z0, s0), (z1, s1) = before(), after()
+    result = {
+        "task": args.task, "k": args.k, "pairs": len(rows), "labels": len(builder.task.labels),
+        "prompt_tokens": int(cache.prompt_length.float().mean()),
+        "seconds_before": seconds[0], "seconds_after": seconds[1], "speedup": seconds[0] / seconds[1],
+        "flops_before": flops["before"], "flops_after": flops["after"],
+        "max_abs_diff_scores": float((s0 - s1).abs().max()), "max_abs_diff_logits": float((z0 - z1).abs().max()),
+        "machine": machine(), "command": " ".join(["icl-ssm", *getattr(args, "argv", ["bench", "label-scores"])]),
+    }
+    print(json.dumps(result, indent=1))
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("bench", help="performance benchmarks (output for BENCHMARKS.md)")
     kinds = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
@@ -286,6 +332,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_run_scan)
+    p = kinds.add_parser(
+        "label-scores",
+        help="multi-token label scoring after a prefix cache: query read once + label trie vs score_labels",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--task", default="modular_addition", help="a classification task with multi-token labels")
+    p.add_argument("--k", type=int, default=20, help="demonstrations per subset")
+    p.add_argument("--subsets", type=int, default=2, help="prefix cache rows")
+    p.add_argument("--queries", type=int, default=8, help="validation queries after each row")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds (best is kept)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_run_label_scores)
     from icl_ssm.bench_select import add_kinds
 
     add_kinds(kinds)
