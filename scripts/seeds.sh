@@ -5,9 +5,11 @@
 #
 #   scripts/seeds.sh OUT_DIR [TASK] [SEEDS...]        e.g. scripts/seeds.sh seeds rotten_tomatoes 1 2
 #
-# K=50 sets the shot count (default 20). Extra distill flags for every run (a recipe other
-# than G) go in EXTRA="...". Two one-thread jobs at a time suit a 2-core machine:
-# JOBS=2 (default). Finished runs are skipped on a rerun.
+# K=50 sets the shot count (default 20), QUERIES the held-out queries per subset (default 32).
+# Extra distill flags for every run (a recipe other than G) go in EXTRA="...". Two one-thread jobs at a time suit a 2-core machine:
+# JOBS=2 (default). Finished runs are skipped on a rerun (a run trained elsewhere can be linked
+# in as OUT/G-sS). KINDS="G" trains G only; the fidelity table then compares against the control
+# in CONTROL=DIR (default OUT/control-sFIRST, FIRST the first seed).
 set -euo pipefail
 OUT=${1:?usage: scripts/seeds.sh OUT_DIR [TASK] [SEEDS...]}
 TASK=${2:-rotten_tomatoes}
@@ -15,14 +17,16 @@ shift $(( $# >= 2 ? 2 : 1 ))
 SEEDS=("$@")
 [ ${#SEEDS[@]} -eq 0 ] && SEEDS=(1 2)
 JOBS=${JOBS:-2}
+KINDS=${KINDS:-G control}
 K=${K:-20}
+QUERIES=${QUERIES:-32}
 ICL=${ICL:-icl-ssm}
 BASE="--model smollm2-135m --task $TASK --k $K --samples 128 --queries 8 --group-size 4 --lambda-rank 1.0
       --num-recent 16 --gate --gate-init -4 --gate-lr 0.1 --stage2-lr 1e-3 --stage2-epochs 2 ${EXTRA:-}"
 BASE=$(echo $BASE)  # one line: it is pasted into the `bash -c` command below
 mkdir -p "$OUT"
 # G first for every seed (each writes its seed's teacher cache), then the controls, which read it
-for kind in G control; do
+for kind in $KINDS; do
   for s in "${SEEDS[@]}"; do
     [ -f "$OUT/$kind-s$s/model.safetensors" ] && continue
     flags="--seed $s"; [ $kind = control ] && flags="$flags --control"
@@ -30,10 +34,13 @@ for kind in G control; do
   done | xargs -P "$JOBS" -L 1 bash -c 'OMP_NUM_THREADS=1 '"$ICL"' distill '"$BASE"' ${@:1} --out $0 > $0.log 2>&1'
 done
 first=${SEEDS[0]}
+CONTROL=${CONTROL:-$OUT/control-s$first}
 ALSO=()
-for s in "${SEEDS[@]:1}"; do ALSO+=("G-s$s=$OUT/G-s$s" "control-s$s=$OUT/control-s$s"); done
+for s in "${SEEDS[@]:1}"; do
+  for kind in $KINDS; do ALSO+=("$kind-s$s=$OUT/$kind-s$s"); done
+done
 $ICL fidelity --model smollm2-135m --task "$TASK" --k "$K" --compressor "$OUT/G-s$first" \
-  --control "$OUT/control-s$first" --subsets 30 --queries 32 ${ALSO[@]:+--also "${ALSO[@]}"} --json \
+  --control "$CONTROL" --subsets 30 --queries "$QUERIES" ${ALSO[@]:+--also "${ALSO[@]}"} --json \
   > "$OUT/fidelity.json.tmp"
 mv "$OUT/fidelity.json.tmp" "$OUT/fidelity.json"
 python3 - "$OUT/fidelity.json" "$first" <<'PY'

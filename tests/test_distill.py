@@ -179,6 +179,31 @@ def test_distill_trains_and_stage1_loss_decreases(tmp_cache, tmp_path, capsys):
     assert "shared_tail: 0 there, 1 requested" in capsys.readouterr().err
 
 
+def test_recipes_fill_the_flags_not_given(tmp_cache, tmp_path, capsys):
+    measured, paper = D.DistillConfig(), D.DistillConfig.recipe("paper")
+    assert (measured.num_recent, measured.gate, measured.lambda_rank, measured.stage2_lr) == (16, True, 1.0, 1e-3)
+    assert (paper.num_recent, paper.gate, paper.lambda_rank, paper.stage2_lr, paper.stage2_epochs) == (
+        0, False, 0.0, 5e-5, 1.0)
+    assert D.DistillConfig.recipe("paper", stage2_lr=1e-4).stage2_lr == 1e-4  # explicit values win
+    with pytest.raises(ValueError, match="recipe 'best': accepted: measured, paper"):
+        D.DistillConfig.recipe("best")
+    out = tmp_path / "paper"
+    assert main(["distill", "--recipe", "paper", *SMALL, "--stage2-epochs", "0.5", "--out", str(out),
+                 "--stop-after", "1"]) == 0
+    stored = json.loads((out / "distill_config.json").read_text())
+    assert (stored["num_recent"], stored["gate"], stored["stage2_lr"]) == (0, False, 5e-5)
+    assert (stored["lambda_rank"], stored["stage2_epochs"]) == (1.0, 0.5)  # given on the command line
+    with pytest.raises(SystemExit):
+        main(["distill", "--recipe", "best", *SMALL, "--out", str(tmp_path / "x")])
+    assert "invalid choice: 'best'" in capsys.readouterr().err
+    # a run saved before num_recent and gate existed had neither: it reads as the paper recipe's values
+    for key in ("num_recent", "gate"):
+        del stored[key]
+    (out / "distill_config.json").write_text(json.dumps(stored))
+    assert main(["distill", *SMALL, "--stage2-epochs", "0.5", "--out", str(out), "--resume"]) == 2
+    assert "num_recent: 0 there, 16 requested" in capsys.readouterr().err
+
+
 def test_resume_ends_with_the_same_weights(tmp_cache, tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert main(["distill", *SMALL, "--out", str(straight)]) == 0

@@ -1,6 +1,8 @@
 """``icl-ssm distill``: build (or reuse) the teacher cache, then train a compressor.
 
-Every :class:`~icl_ssm.distill.DistillConfig` field is a flag. Works as-is in one process and
+Every :class:`~icl_ssm.distill.DistillConfig` field is a flag; a flag not given takes its value
+from ``--recipe`` (``measured``, the default: the best recipe measured; ``paper``: the paper's
+settings). Works as-is in one process and
 under ``accelerate launch -m icl_ssm distill ...`` (data parallel: teacher shards and training
 groups are split across processes)."""
 
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from icl_ssm.distill import DistillConfig, TrainingDiverged, train
+from icl_ssm.distill import RECIPES, DistillConfig, TrainingDiverged, train
 from icl_ssm.models import load_model
 from icl_ssm.teacher import (
     TeacherCache,
@@ -24,6 +26,50 @@ from icl_ssm.teacher import (
     model_fingerprint,
     task_builders,
 )
+
+HELP = {
+    "model": "teacher: an embedded name, a Hugging Face id or a local directory",
+    "tasks": "one or several tasks (training episodes are spread over them)",
+    "k": "demonstrations per training subset",
+    "samples": "training episodes (demonstration subsets), teacher targets cached on disk",
+    "queries": "validation queries per episode, shared by the subsets of a group",
+    "group_size": "subsets that share their queries (what the ranking term compares)",
+    "shared_tail": "last demonstrations common to a group's subsets (0: independent subsets)",
+    "shared_tail_every": "shared tails in every e-th group only",
+    "seed": "training subsets, queries and initialisation",
+    "state_size": "SSM state size N",
+    "num_groups": "layer groups, one SSM and head each (0: 4, capped at the layer count)",
+    "num_virtual": "virtual tokens n_v per layer",
+    "num_sink": "exact attention-sink tokens at the start of the prompt",
+    "num_recent": "last prompt tokens kept exact, re-encoded after the summary",
+    "latent_size": "width of the head's latent",
+    "system": "SSM transition: time_invariant (LegS with step dt) or scale_invariant (LegS, no dt)",
+    "dt": "SSM step (time_invariant): memory of about 1/dt tokens",
+    "learn_dt": "make log dt a parameter per layer group",
+    "dt_lr": "learning rate of log dt (with --learn-dt)",
+    "method": "discretisation: bilinear or zoh",
+    "control": "prompt-independent virtual tokens (the control a compressor is judged against)",
+    "position": "position ids after the cache: compressed (count cache slots) or original (prompt length)",
+    "gate": "a learned attention bias per virtual token, starting at --gate-init",
+    "gate_init": "starting gate bias (very negative: the untrained cache is the sinks + recent window)",
+    "gate_lr": "learning rate of the gates",
+    "stage1_epochs": "stage 1 (KV alignment to the pooled teacher K/V) epochs",
+    "stage1_lr": "stage 1 learning rate",
+    "stage2_epochs": "stage 2 (output distillation) epochs",
+    "stage2_lr": "stage 2 learning rate",
+    "temperature": "KL temperature (the loss is scaled by its square)",
+    "lambda_kl": "weight of the answer-distribution KL",
+    "lambda_hidden": "weight of the query hidden-state cosine term",
+    "lambda_rank": "weight of the ranking term (how losses differ between a group's subsets)",
+    "lambda_label": "weight of the KL over the label words alone (classification)",
+    "topk": "teacher answer tokens stored per query (the rest is one bucket)",
+    "groups_per_step": "groups per optimiser step",
+    "warmup_ratio": "warm-up share of each stage's steps",
+    "weight_decay": "AdamW weight decay",
+    "max_grad_norm": "gradient clipping norm",
+    "checkpoint_every": "steps between checkpoints",
+    "chat": "wrap prompts in the model's chat template",
+}
 
 
 def teacher_spec(cfg: DistillConfig, model, tokenizer) -> TeacherSpec:
@@ -43,7 +89,8 @@ def check_out(out: Path, cfg: DistillConfig, resume: bool) -> str:
     if stored_path.exists():
         stored = json.loads(stored_path.read_text())
         mine = json.loads(json.dumps(asdict(cfg)))
-        default = json.loads(json.dumps(asdict(DistillConfig())))  # a field added later: its default there
+        # a field added later: the value that reproduces the runs from before it (the paper recipe's)
+        default = json.loads(json.dumps(asdict(DistillConfig.recipe("paper"))))
         diffs = [f"{k}: {stored.get(k, default[k])!r} there, {v!r} requested"
                  for k, v in mine.items() if stored.get(k, default[k]) != v]
         if diffs:
@@ -65,14 +112,15 @@ def distill_args(cfg: DistillConfig, out: str | Path, *, resume: bool = False,
                  teacher_cache: str | None = None) -> argparse.Namespace:
     """The namespace ``icl-ssm distill`` would parse for ``cfg``: drive it from Python."""
     return argparse.Namespace(**asdict(cfg), out=str(out), resume=resume, teacher_cache=teacher_cache,
-                              stop_after=None, teacher_only=False)
+                              stop_after=None, teacher_only=False, recipe="measured")
 
 
 def run_distill(args: argparse.Namespace) -> int:
     from accelerate import Accelerator
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    cfg = DistillConfig.from_dict({f.name: getattr(args, f.name) for f in fields(DistillConfig)})
+    given = {f.name: getattr(args, f.name) for f in fields(DistillConfig) if hasattr(args, f.name)}
+    cfg = DistillConfig.recipe(getattr(args, "recipe", "measured"), **given)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     if getattr(args, "teacher_only", False):
         return _teacher_only(cfg, args.teacher_cache, accelerator)
@@ -143,18 +191,24 @@ def _teacher_only(cfg: DistillConfig, directory: str | None, accelerator) -> int
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("distill", help="distil an SSM compressor from the teacher (Algorithm 1)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    defaults = DistillConfig()
+    p = sub.add_parser("distill", help="distil an SSM compressor from the teacher (Algorithm 1)")
+    p.add_argument("--recipe", choices=list(RECIPES), default="measured",
+                   help="the values of the flags not given: measured (the best recipe measured, BENCHMARKS.md) "
+                        "or paper (the paper's settings) (default: measured)")
+    measured, paper = DistillConfig(), DistillConfig.recipe("paper")
     for f in fields(DistillConfig):
         flag = "--" + ("task" if f.name == "tasks" else f.name.replace("_", "-"))
-        default = getattr(defaults, f.name)
+        default = getattr(measured, f.name)
+        shown = " ".join(default) if f.name == "tasks" else default
+        help_ = f"{HELP[f.name]} (default: {shown}" + (
+            f"; paper: {getattr(paper, f.name)})" if getattr(paper, f.name) != default else ")")
+        kwargs = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_}  # not given: from --recipe
         if f.name == "tasks":
-            p.add_argument(flag, dest="tasks", nargs="+", default=list(default), help="one or several tasks")
+            p.add_argument(flag, nargs="+", **kwargs)
         elif isinstance(default, bool):
-            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default)
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
         else:
-            p.add_argument(flag, dest=f.name, type=type(default), default=default)
+            p.add_argument(flag, type=type(default), **kwargs)
     p.add_argument("--out", help="directory for the compressor, its config and checkpoints (required unless "
                    "--teacher-only)")
     p.add_argument("--resume", action="store_true", help="continue the unfinished run in --out")

@@ -152,9 +152,7 @@ def resolve_compressor(cfg: RunConfig, out: Path, stages: Stages) -> dict:
     dcfg = DistillConfig(model=cfg.model, tasks=(cfg.task,), k=cfg.k, samples=cfg.distill_samples,
                          seed=cfg.seed, state_size=cfg.state_size, num_virtual=cfg.num_virtual,
                          num_sink=cfg.num_sink, latent_size=cfg.latent_size, num_recent=cfg.num_recent,
-                         gate=cfg.gate, gate_init=-4.0, gate_lr=0.1,
-                         stage1_epochs=cfg.distill_epochs, stage2_epochs=cfg.distill_epochs,
-                         stage2_lr=1e-3, lambda_rank=1.0)
+                         gate=cfg.gate, stage1_epochs=cfg.distill_epochs, stage2_epochs=cfg.distill_epochs)
     key = _key(asdict(dcfg))
     done = stages.get("compressor", key)
     if done is not None and (Path(done["compressor"]) / "model.safetensors").exists():
