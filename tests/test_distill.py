@@ -285,7 +285,8 @@ def test_bad_runs_are_refused(tmp_cache, tmp_path, capsys):
 def test_teacher_only_fills_the_cache_that_training_then_reads(tmp_cache, tmp_path, capsys):
     cache = tmp_path / "teacher"
     assert main(["distill", *SMALL, "--teacher-only", "--teacher-cache", str(cache)]) == 0
-    assert "teacher cache complete" in capsys.readouterr().err
+    log = capsys.readouterr().err
+    assert "teacher cache complete" in log and re.search(r"teacher targets (\d+)/\1 episodes", log)
     shards = sorted(cache.glob("shard-*.safetensors"))
     assert shards and (cache / "meta.json").exists()
     stamps = [p.stat().st_mtime_ns for p in shards]

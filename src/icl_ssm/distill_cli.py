@@ -115,9 +115,35 @@ def distill_args(cfg: DistillConfig, out: str | Path, *, resume: bool = False,
                               stop_after=None, teacher_only=False, recipe="measured")
 
 
+def _progress(main: bool):
+    """A rich progress display (disabled off the main process)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+    return Progress(*columns, disable=not main, transient=False)
+
+
+def _teacher_targets(model, tokenizer, spec: TeacherSpec, directory: str | None, accelerator, bar) -> Path:
+    """Build (or reuse) the teacher cache for ``spec`` with a progress bar; a log (stderr not a
+    terminal) gets a plain line per shard."""
+    job = bar.add_task("teacher targets", total=None, info="")
+    plain = accelerator.is_main_process and not sys.stderr.isatty()
+
+    def cached(done: int, total: int) -> None:
+        bar.update(job, completed=done, total=total)
+        if plain and (done % spec.shard_size == 0 or done == total):
+            print(f"teacher targets {done}/{total} episodes, {bar.tasks[job].elapsed or 0:.0f} s",
+                  file=sys.stderr, flush=True)
+
+    directory = build_teacher_cache(model, tokenizer, spec, directory, rank=accelerator.process_index,
+                                    world=accelerator.num_processes, progress=cached)
+    accelerator.wait_for_everyone()
+    return Path(directory)
+
+
 def run_distill(args: argparse.Namespace) -> int:
     from accelerate import Accelerator
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     given = {f.name: getattr(args, f.name) for f in fields(DistillConfig) if hasattr(args, f.name)}
     cfg = DistillConfig.recipe(getattr(args, "recipe", "measured"), **given)
@@ -137,21 +163,9 @@ def run_distill(args: argparse.Namespace) -> int:
     if main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "distill_config.json").write_text(json.dumps(asdict(cfg), indent=1))
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("{task.fields[info]}"), TimeRemainingColumn())
     plain = main and not sys.stderr.isatty()  # a log gets plain lines (teacher shards, every 10 steps)
-    with Progress(*columns, disable=not main, transient=False) as bar:
-        job = bar.add_task("teacher targets", total=None, info="")
-
-        def cached(done: int, total: int) -> None:
-            bar.update(job, completed=done, total=total)
-            if plain and (done % spec.shard_size == 0 or done == total):
-                print(f"teacher targets {done}/{total} episodes, {bar.tasks[job].elapsed or 0:.0f} s",
-                      file=sys.stderr, flush=True)
-
-        directory = build_teacher_cache(model, tokenizer, spec, args.teacher_cache, rank=accelerator.process_index,
-                                        world=accelerator.num_processes, progress=cached)
-        accelerator.wait_for_everyone()
+    with _progress(main) as bar:
+        directory = _teacher_targets(model, tokenizer, spec, args.teacher_cache, accelerator, bar)
         teacher = TeacherCache.open(directory, spec)
         job = bar.add_task("distilling", total=None, info="")
 
@@ -182,9 +196,8 @@ def _teacher_only(cfg: DistillConfig, directory: str | None, accelerator) -> int
     """Fill the teacher cache for ``cfg`` and stop: several runs that share it (a compressor
     and its control, say) can then train side by side without computing it twice."""
     model, tokenizer = load_model(cfg.model, device=accelerator.device)
-    path = build_teacher_cache(model, tokenizer, teacher_spec(cfg, model, tokenizer), directory,
-                               rank=accelerator.process_index, world=accelerator.num_processes)
-    accelerator.wait_for_everyone()
+    with _progress(accelerator.is_main_process) as bar:
+        path = _teacher_targets(model, tokenizer, teacher_spec(cfg, model, tokenizer), directory, accelerator, bar)
     if accelerator.is_main_process:
         print(f"teacher cache complete: {path}", file=sys.stderr)
     return 0
