@@ -8,8 +8,9 @@
 # the same held-out subsets and queries (`--also`), so the dense and window paths are computed
 # once, and a markdown table is printed. Finished variants are skipped on a rerun.
 # Two one-thread jobs at a time suit a 2-core machine: JOBS=2 (default). BASE_EXTRA adds flags
-# to the base of every variant (e.g. BASE_EXTRA="--stage2-lr 3e-4" for modular_addition, where
-# G's stage-2 rate of 1e-3 diverges; see BENCHMARKS.md).
+# to the base of every variant (e.g. BASE_EXTRA="--warmup-ratio 0.05" for the 5% warm-up of the
+# Rotten Tomatoes table; with it G's stage-2 rate of 1e-3 diverges on modular_addition, which
+# the default 25% warm-up prevents; see BENCHMARKS.md).
 set -euo pipefail
 OUT=${1:-ablation}
 TASK=${2:-rotten_tomatoes}

@@ -10,8 +10,7 @@
 #        the recency ceiling (scripts/recency.py) on the same subsets.
 # k50:   rotten_tomatoes, k = 50, 1024 episodes (G and control) and fidelity.
 # nv:    n_v in {2, 4, 32} at k = 20, 512 episodes each, beside G at 512, one fidelity run.
-# tasks: coin_flip and modular_addition, k = 20, 512 episodes (G and control), fidelity each
-#        (G on modular_addition at stage-2 rate 3e-4: at 1e-3 it diverges there).
+# tasks: coin_flip and modular_addition, k = 20, 512 episodes (G and control), fidelity each.
 # open:  G at 2048 episodes with the gates opened (gate-init 0) and with rank weight 5, beside
 #        the control and G of `scale` (run that part first).
 #
@@ -77,8 +76,7 @@ nv)
 tasks)
   for task in coin_flip modular_addition; do teacher --task $task --k 20 --samples 512 & done; wait
   for task in coin_flip modular_addition; do
-    lr=""; [ $task = modular_addition ] && lr="--stage2-lr 3e-4"  # G diverges there at 1e-3 (BENCHMARKS.md)
-    train G-$task --task $task --k 20 --samples 512 $lr; train control-$task --task $task --k 20 --samples 512 --control
+    train G-$task --task $task --k 20 --samples 512; train control-$task --task $task --k 20 --samples 512 --control
   done
   wait
   for task in coin_flip modular_addition; do

@@ -6,8 +6,8 @@
 #   scripts/seeds.sh OUT_DIR [TASK] [SEEDS...]        e.g. scripts/seeds.sh seeds rotten_tomatoes 1 2
 #
 # K=50 sets the shot count (default 20), QUERIES the held-out queries per subset (default 32).
-# Extra distill flags for every run (a recipe other than G) go in EXTRA="...". Two one-thread jobs at a time suit a 2-core machine:
-# JOBS=2 (default). Finished runs are skipped on a rerun (a run trained elsewhere can be linked
+# Extra distill flags for every run (a recipe other than G) go in EXTRA="...". Two one-thread
+# jobs at a time suit a 2-core machine: JOBS=2 (default). Finished runs are skipped on a rerun (a run trained elsewhere can be linked
 # in as OUT/G-sS). KINDS="G" trains G only; the fidelity table then compares against the control
 # in CONTROL=DIR (default OUT/control-sFIRST, FIRST the first seed).
 set -euo pipefail
