@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import re
@@ -202,6 +203,26 @@ def test_recipes_fill_the_flags_not_given(tmp_cache, tmp_path, capsys):
     (out / "distill_config.json").write_text(json.dumps(stored))
     assert main(["distill", *SMALL, "--stage2-epochs", "0.5", "--out", str(out), "--resume"]) == 2
     assert "num_recent: 0 there, 16 requested" in capsys.readouterr().err
+
+
+def test_shipped_commands_reproduce_their_configs():
+    """Each shipped compressor's command, parsed today, asks for the run it was trained with."""
+    import shlex
+
+    from icl_ssm.cli import build_parser
+    from icl_ssm.distill_cli import config_from_args
+
+    recipes = sorted((Path(D.__file__).parent / "pretrained").glob("*/recipe.json"))
+    assert recipes
+    for path in recipes:
+        recipe = json.loads(path.read_text())
+        for key, control in (("command", False), ("control_command", True)):
+            if key not in recipe:
+                continue
+            args = build_parser().parse_args(shlex.split(recipe[key])[1:])
+            cfg = json.loads(json.dumps(dataclasses.asdict(config_from_args(args))))
+            want = {**recipe["distill_config"], "control": control}
+            assert {k: cfg[k] for k in want} == want, (path, key)
 
 
 def test_resume_ends_with_the_same_weights(tmp_cache, tmp_path):

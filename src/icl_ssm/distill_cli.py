@@ -142,11 +142,16 @@ def _teacher_targets(model, tokenizer, spec: TeacherSpec, directory: str | None,
     return Path(directory)
 
 
+def config_from_args(args: argparse.Namespace) -> DistillConfig:
+    """The run ``icl-ssm distill`` was asked for: ``--recipe``'s values under the flags given."""
+    given = {f.name: getattr(args, f.name) for f in fields(DistillConfig) if hasattr(args, f.name)}
+    return DistillConfig.recipe(getattr(args, "recipe", "measured"), **given)
+
+
 def run_distill(args: argparse.Namespace) -> int:
     from accelerate import Accelerator
 
-    given = {f.name: getattr(args, f.name) for f in fields(DistillConfig) if hasattr(args, f.name)}
-    cfg = DistillConfig.recipe(getattr(args, "recipe", "measured"), **given)
+    cfg = config_from_args(args)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     if getattr(args, "teacher_only", False):
         return _teacher_only(cfg, args.teacher_cache, accelerator)
