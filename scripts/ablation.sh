@@ -39,7 +39,7 @@ mkdir -p "$OUT"
 for name in "${!VARIANTS[@]}"; do
   [ -f "$OUT/$name/model.safetensors" ] && continue
   echo "$OUT/$name ${VARIANTS[$name]}"
-done | xargs -P "$JOBS" -L 1 bash -c 'OMP_NUM_THREADS=1 '"$ICL"' distill '"$BASE"' ${@:1} --out $0 > $0.log 2>&1'
+done | xargs -r -P "$JOBS" -L 1 bash -c 'OMP_NUM_THREADS=1 '"$ICL"' distill '"$BASE"' ${@:1} --out $0 > $0.log 2>&1'
 ALSO=()
 for name in "${!VARIANTS[@]}"; do [ "$name" != G ] && [ "$name" != control ] && ALSO+=("$name=$OUT/$name"); done
 $ICL fidelity --model smollm2-135m --task "$TASK" --k 20 --compressor "$OUT/G" --control "$OUT/control" \

@@ -31,7 +31,7 @@ for kind in $KINDS; do
     [ -f "$OUT/$kind-s$s/model.safetensors" ] && continue
     flags="--seed $s"; [ $kind = control ] && flags="$flags --control"
     echo "$OUT/$kind-s$s $flags"
-  done | xargs -P "$JOBS" -L 1 bash -c 'OMP_NUM_THREADS=1 '"$ICL"' distill '"$BASE"' ${@:1} --out $0 > $0.log 2>&1'
+  done | xargs -r -P "$JOBS" -L 1 bash -c 'OMP_NUM_THREADS=1 '"$ICL"' distill '"$BASE"' ${@:1} --out $0 > $0.log 2>&1'
 done
 first=${SEEDS[0]}
 CONTROL=${CONTROL:-$OUT/control-s$first}
