@@ -26,7 +26,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -48,36 +48,37 @@ COMPRESSOR_FIELDS = ("state_size", "num_groups", "num_virtual", "num_sink", "num
 class DistillConfig:
     """One distillation run. Every weight of the objective is a field.
 
-    The defaults are the recipe measured best on SmolLM2-135M (BENCHMARKS.md: the gated
-    hybrid, run G, with a 25% warm-up): 16 exact recent tokens beside gated virtual tokens,
-    the ranking term, stage 2 at 1e-3 for 2 epochs. ``DistillConfig.recipe("paper")`` gives
-    the paper's own settings for everything that recipe changes (:data:`PAPER_RECIPE`).
+    :data:`FIELD_HELP` says what each field means. The defaults are the recipe measured best
+    on SmolLM2-135M (BENCHMARKS.md: the gated hybrid, run G, with a 25% warm-up): 16 exact
+    recent tokens beside gated virtual tokens, the ranking term, stage 2 at 1e-3 for 2 epochs.
+    ``DistillConfig.recipe("paper")`` gives the paper's own settings for everything that recipe
+    changes (:data:`PAPER_RECIPE`).
     """
 
     model: str = "smollm2-135m"
     tasks: tuple[str, ...] = ("rotten_tomatoes",)
     k: int = 20
-    samples: int = 128  # training episodes (demonstration subsets)
-    queries: int = 8  # per episode, shared by the subsets of a group
-    group_size: int = 4  # subsets that share their queries
-    shared_tail: int = 0  # last demonstrations common to a group's subsets (0: independent subsets)
-    shared_tail_every: int = 1  # shared tails in every e-th group only (the others independent)
+    samples: int = 128
+    queries: int = 8
+    group_size: int = 4
+    shared_tail: int = 0
+    shared_tail_every: int = 1
     seed: int = 0
     # compressor
     state_size: int = 256
-    num_groups: int = 0  # 0: 4, capped at the teacher's layer count
+    num_groups: int = 0
     num_virtual: int = 16
     num_sink: int = 4
-    num_recent: int = 16  # last prompt tokens kept exact, re-encoded after the summary (0: none)
+    num_recent: int = 16
     latent_size: int = 128
     system: str = "time_invariant"
     dt: float = 0.002
-    learn_dt: bool = False  # log dt a parameter per group, starting at log(dt), trained at dt_lr
-    dt_lr: float = 0.05  # its own learning rate (same schedule, no weight decay)
+    learn_dt: bool = False
+    dt_lr: float = 0.05
     method: str = "bilinear"
     control: bool = False
     position: str = "compressed"
-    gate: bool = True  # a learned attention bias per virtual token, starting at gate_init (nearly closed)
+    gate: bool = True
     gate_init: float = -4.0
     gate_lr: float = 0.1  # the gates' own learning rate (same schedule): a gate moves ~lr per step under Adam
     # stage 1 (the paper's code: lr 3e-4, 2 epochs)
@@ -89,8 +90,8 @@ class DistillConfig:
     temperature: float = 2.0
     lambda_kl: float = 1.0
     lambda_hidden: float = 1.0
-    lambda_rank: float = 1.0  # the subsets-of-a-group ranking term (not in the paper)
-    lambda_label: float = 0.0  # KL over the label verbalisers alone (classification), temperature 1
+    lambda_rank: float = 1.0
+    lambda_label: float = 0.0
     topk: int = 64
     groups_per_step: int = 1
     warmup_ratio: float = 0.25  # of each stage's steps; 0.05 lets stage 2 at 1e-3 diverge on modular_addition
@@ -127,10 +128,52 @@ class DistillConfig:
             raise ValueError(f"recipe {name!r}: accepted: {', '.join(RECIPES)}")
         return cls(**{**RECIPES[name], **overrides})
 
-    @classmethod
-    def from_dict(cls, d: dict) -> DistillConfig:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# What each DistillConfig field means (the ``icl-ssm distill`` flags' help)
+FIELD_HELP = {
+    "model": "teacher: an embedded name, a Hugging Face id or a local directory",
+    "tasks": "one or several tasks (training episodes are spread over them)",
+    "k": "demonstrations per training subset",
+    "samples": "training episodes (demonstration subsets), teacher targets cached on disk",
+    "queries": "validation queries per episode, shared by the subsets of a group",
+    "group_size": "subsets that share their queries (what the ranking term compares)",
+    "shared_tail": "last demonstrations common to a group's subsets (0: independent subsets)",
+    "shared_tail_every": "shared tails in every e-th group only (the others independent)",
+    "seed": "training subsets, queries and initialisation",
+    "state_size": "SSM state size N",
+    "num_groups": "layer groups, one SSM and head each (0: 4, capped at the layer count)",
+    "num_virtual": "virtual tokens n_v per layer",
+    "num_sink": "exact attention-sink tokens at the start of the prompt",
+    "num_recent": "last prompt tokens kept exact, re-encoded after the summary",
+    "latent_size": "width of the head's latent",
+    "system": "SSM transition: time_invariant (LegS with step dt) or scale_invariant (LegS, no dt)",
+    "dt": "SSM step (time_invariant): memory of about 1/dt tokens",
+    "learn_dt": "make log dt a parameter per layer group, starting at log(dt), trained at dt_lr",
+    "dt_lr": "learning rate of log dt (with --learn-dt; same schedule, no weight decay)",
+    "method": "discretisation: bilinear or zoh",
+    "control": "prompt-independent virtual tokens (the control a compressor is judged against)",
+    "position": "position ids after the cache: compressed (count cache slots) or original (prompt length)",
+    "gate": "a learned attention bias per virtual token, starting at --gate-init (nearly closed)",
+    "gate_init": "starting gate bias (very negative: the untrained cache is the sinks + recent window)",
+    "gate_lr": "learning rate of the gates",
+    "stage1_epochs": "stage 1 (KV alignment to the pooled teacher K/V) epochs",
+    "stage1_lr": "stage 1 learning rate",
+    "stage2_epochs": "stage 2 (output distillation) epochs",
+    "stage2_lr": "stage 2 learning rate",
+    "temperature": "KL temperature (the loss is scaled by its square)",
+    "lambda_kl": "weight of the answer-distribution KL",
+    "lambda_hidden": "weight of the query hidden-state cosine term",
+    "lambda_rank": "weight of the ranking term (how losses differ between a group's subsets; not in the paper)",
+    "lambda_label": "weight of the KL over the label words alone (classification, temperature 1)",
+    "topk": "teacher answer tokens stored per query (the rest is one bucket)",
+    "groups_per_step": "groups per optimiser step",
+    "warmup_ratio": "warm-up share of each stage's steps",
+    "weight_decay": "AdamW weight decay",
+    "max_grad_norm": "gradient clipping norm",
+    "checkpoint_every": "steps between checkpoints",
+    "chat": "wrap prompts in the model's chat template",
+}
 
 
 # The paper's settings (from its code) for every field the measured recipe changes: no exact

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from icl_ssm.distill import RECIPES, DistillConfig, TrainingDiverged, train
+from icl_ssm.distill import FIELD_HELP, RECIPES, DistillConfig, TrainingDiverged, train
 from icl_ssm.models import load_model
 from icl_ssm.teacher import (
     TeacherCache,
@@ -26,50 +26,6 @@ from icl_ssm.teacher import (
     model_fingerprint,
     task_builders,
 )
-
-HELP = {
-    "model": "teacher: an embedded name, a Hugging Face id or a local directory",
-    "tasks": "one or several tasks (training episodes are spread over them)",
-    "k": "demonstrations per training subset",
-    "samples": "training episodes (demonstration subsets), teacher targets cached on disk",
-    "queries": "validation queries per episode, shared by the subsets of a group",
-    "group_size": "subsets that share their queries (what the ranking term compares)",
-    "shared_tail": "last demonstrations common to a group's subsets (0: independent subsets)",
-    "shared_tail_every": "shared tails in every e-th group only",
-    "seed": "training subsets, queries and initialisation",
-    "state_size": "SSM state size N",
-    "num_groups": "layer groups, one SSM and head each (0: 4, capped at the layer count)",
-    "num_virtual": "virtual tokens n_v per layer",
-    "num_sink": "exact attention-sink tokens at the start of the prompt",
-    "num_recent": "last prompt tokens kept exact, re-encoded after the summary",
-    "latent_size": "width of the head's latent",
-    "system": "SSM transition: time_invariant (LegS with step dt) or scale_invariant (LegS, no dt)",
-    "dt": "SSM step (time_invariant): memory of about 1/dt tokens",
-    "learn_dt": "make log dt a parameter per layer group",
-    "dt_lr": "learning rate of log dt (with --learn-dt)",
-    "method": "discretisation: bilinear or zoh",
-    "control": "prompt-independent virtual tokens (the control a compressor is judged against)",
-    "position": "position ids after the cache: compressed (count cache slots) or original (prompt length)",
-    "gate": "a learned attention bias per virtual token, starting at --gate-init",
-    "gate_init": "starting gate bias (very negative: the untrained cache is the sinks + recent window)",
-    "gate_lr": "learning rate of the gates",
-    "stage1_epochs": "stage 1 (KV alignment to the pooled teacher K/V) epochs",
-    "stage1_lr": "stage 1 learning rate",
-    "stage2_epochs": "stage 2 (output distillation) epochs",
-    "stage2_lr": "stage 2 learning rate",
-    "temperature": "KL temperature (the loss is scaled by its square)",
-    "lambda_kl": "weight of the answer-distribution KL",
-    "lambda_hidden": "weight of the query hidden-state cosine term",
-    "lambda_rank": "weight of the ranking term (how losses differ between a group's subsets)",
-    "lambda_label": "weight of the KL over the label words alone (classification)",
-    "topk": "teacher answer tokens stored per query (the rest is one bucket)",
-    "groups_per_step": "groups per optimiser step",
-    "warmup_ratio": "warm-up share of each stage's steps",
-    "weight_decay": "AdamW weight decay",
-    "max_grad_norm": "gradient clipping norm",
-    "checkpoint_every": "steps between checkpoints",
-    "chat": "wrap prompts in the model's chat template",
-}
 
 
 def teacher_spec(cfg: DistillConfig, model, tokenizer) -> TeacherSpec:
@@ -115,6 +71,11 @@ def distill_args(cfg: DistillConfig, out: str | Path, *, resume: bool = False,
                               stop_after=None, teacher_only=False, recipe="measured")
 
 
+def _plain(main: bool) -> bool:
+    """A log (stderr not a terminal) gets plain lines: teacher shards, every 10 training steps."""
+    return main and not sys.stderr.isatty()
+
+
 def _progress(main: bool):
     """A rich progress display (disabled off the main process)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -128,7 +89,7 @@ def _teacher_targets(model, tokenizer, spec: TeacherSpec, directory: str | None,
     """Build (or reuse) the teacher cache for ``spec`` with a progress bar; a log (stderr not a
     terminal) gets a plain line per shard."""
     job = bar.add_task("teacher targets", total=None, info="")
-    plain = accelerator.is_main_process and not sys.stderr.isatty()
+    plain = _plain(accelerator.is_main_process)
 
     def cached(done: int, total: int) -> None:
         bar.update(job, completed=done, total=total)
@@ -168,7 +129,7 @@ def run_distill(args: argparse.Namespace) -> int:
     if main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "distill_config.json").write_text(json.dumps(asdict(cfg), indent=1))
-    plain = main and not sys.stderr.isatty()  # a log gets plain lines (teacher shards, every 10 steps)
+    plain = _plain(main)
     with _progress(main) as bar:
         directory = _teacher_targets(model, tokenizer, spec, args.teacher_cache, accelerator, bar)
         teacher = TeacherCache.open(directory, spec)
@@ -218,7 +179,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         flag = "--" + ("task" if f.name == "tasks" else f.name.replace("_", "-"))
         default = getattr(measured, f.name)
         shown = " ".join(default) if f.name == "tasks" else default
-        help_ = f"{HELP[f.name]} (default: {shown}" + (
+        help_ = f"{FIELD_HELP[f.name]} (default: {shown}" + (
             f"; paper: {getattr(paper, f.name)})" if getattr(paper, f.name) != default else ")")
         kwargs = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_}  # not given: from --recipe
         if f.name == "tasks":
