@@ -10,11 +10,14 @@
 # Two one-thread jobs at a time suit a 2-core machine: JOBS=2 (default). BASE_EXTRA adds flags
 # to the base of every variant (e.g. BASE_EXTRA="--warmup-ratio 0.05" for the 5% warm-up of the
 # Rotten Tomatoes table; with it G's stage-2 rate of 1e-3 diverges on modular_addition, which
-# the default 25% warm-up prevents; see BENCHMARKS.md).
+# the default 25% warm-up prevents; see BENCHMARKS.md). QUERIES sets the held-out queries per
+# subset of the fidelity run (default 32). The n_v variants each fill their own teacher cache
+# (the pooled stage-1 targets depend on n_v); every other variant reads G's.
 set -euo pipefail
 OUT=${1:-ablation}
 TASK=${2:-rotten_tomatoes}
 JOBS=${JOBS:-2}
+QUERIES=${QUERIES:-32}
 ICL=${ICL:-icl-ssm}
 BASE="--model smollm2-135m --task $TASK --k 20 --samples 128 --queries 8 --group-size 4 --lambda-rank 1.0
       --num-recent 16 --gate --gate-init -4 --gate-lr 0.1 --stage2-lr 1e-3 --stage2-epochs 2 ${BASE_EXTRA:-}"
@@ -32,6 +35,9 @@ declare -A VARIANTS=(
   [g2]="--num-groups 2"
   [rank5]="--lambda-rank 5"
   [rank5-control]="--lambda-rank 5 --control"
+  [nv2]="--num-virtual 2"
+  [nv4]="--num-virtual 4"
+  [nv32]="--num-virtual 32"
 )
 mkdir -p "$OUT"
 # the teacher cache first, once (every variant reads it)
@@ -43,7 +49,7 @@ done | xargs -r -P "$JOBS" -L 1 bash -c 'OMP_NUM_THREADS=1 '"$ICL"' distill '"$B
 ALSO=()
 for name in "${!VARIANTS[@]}"; do [ "$name" != G ] && [ "$name" != control ] && ALSO+=("$name=$OUT/$name"); done
 $ICL fidelity --model smollm2-135m --task "$TASK" --k 20 --compressor "$OUT/G" --control "$OUT/control" \
-  --subsets 30 --queries 32 --also "${ALSO[@]}" --json > "$OUT/fidelity.json.tmp"
+  --subsets 30 --queries "$QUERIES" --also "${ALSO[@]}" --json > "$OUT/fidelity.json.tmp"
 mv "$OUT/fidelity.json.tmp" "$OUT/fidelity.json"
 python3 - "$OUT/fidelity.json" <<'EOF'
 import json, sys
