@@ -204,6 +204,15 @@ def test_legs_fast_equals_reference(T, dtype):
     close(S.legs_scan(x, Bbar, chunk=C), ref, dtype)
 
 
+@pytest.mark.parametrize("L, N, start, stop", [(1, 1, 0, 1), (37, 16, 0, 37), (37, 16, 9, 20), (1700, 64, 300, 556)])
+def test_legs_kernel_slabs_equal_the_reference_kernel(L, N, start, stop):
+    ref = S.legs_kernel(L, N, start, stop)  # (C, J, N)
+    slabs = S.legs_kernel_slabs(L, N, start, stop)  # (J, N, C)
+    assert slabs.shape == (N, N, stop - start)
+    torch.testing.assert_close(slabs, ref.permute(1, 2, 0), rtol=0, atol=1e-9 * ref.abs().max().item())
+    assert S.legs_kernel_slabs(L, N, start, stop, torch.float32).dtype == torch.float32
+
+
 def test_legs_padded_batch_equals_each_alone():
     x, mask, alone = padded_batch([1, C - 1, 3 * C + 2], "middle")
     _, Bbar = data(N=10)

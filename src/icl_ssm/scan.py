@@ -598,6 +598,34 @@ def legs_kernel(L: int, N: int, start: int, stop: int) -> Tensor:
     return (E[1:] - E[:-1]) / z[None, :, None]
 
 
+def legs_kernel_slabs(L: int, N: int, start: int, stop: int, dtype: torch.dtype = torch.float64,
+                      device: torch.device | str = "cpu") -> Tensor:
+    """:func:`legs_kernel` laid out ``(J, N, C)`` (``legs_kernel(...).permute(1, 2, 0)``), in ``dtype``.
+
+    The same entries, several times faster: one pass of the Legendre recurrence over the
+    chunk's breakpoints, each degree's slab written as soon as it is known (``int P_n =
+    (P_{n+1} - P_{n-1}) / (2n+1)``, differenced over consecutive breakpoints), so no
+    ``(C, J, N)`` float64 temporaries are stacked, concatenated or differenced. Computed in
+    float64, cast slab by slab. The layout makes ``K.transpose(1, 2)`` the ``(C, N)``
+    matrix of each node, which ``torch.bmm`` reads without a copy.
+    """
+    z, _ = hippo.gauss_legendre(N)
+    k = torch.arange(start, stop + 1, dtype=torch.float64)
+    x = (2 * (z[:, None] * k[None, :] / L) - 1).to(device)  # (J, C+1): the breakpoints, on [-1, 1]
+    inv_z = (1 / z)[:, None].to(device)
+    out = torch.empty(N, N, stop - start, dtype=dtype, device=device)
+    out[:, 0] = (x[:, 1:] - x[:, :-1]) / 2 * inv_z  # E_0(y) = y
+    p_prev, p = torch.ones_like(x), x  # P_{n-1}, P_n
+    d_prev = torch.zeros_like(x[:, 1:])  # P_{n-1} differenced over the breakpoints
+    for n in range(1, N):
+        p_next = ((2 * n + 1) * x * p - n * p_prev) / (n + 1)
+        d_next = p_next[:, 1:] - p_next[:, :-1]
+        out[:, n] = (d_next - d_prev) * (inv_z / (2 * math.sqrt(2 * n + 1)))
+        d_prev = p[:, 1:] - p[:, :-1]
+        p_prev, p = p, p_next
+    return out
+
+
 def legs_scan_fast(
     x: Tensor,
     Bbar: Tensor,
@@ -613,7 +641,7 @@ def legs_scan_fast(
     integral of ``e_n`` over the token's interval. Hence: one GEMM ``Y = X (E_z Bbar)^T``
     (values of each token's input at the nodes), then per chunk of tokens a batched GEMM
     with :func:`legs_kernel` (data independent, built in float64 by the Legendre
-    recurrence), then the Gauss weights. Nothing is diagonalised. Rows of different
+    recurrence, :func:`legs_kernel_slabs`), then the Gauss weights. Nothing is diagonalised. Rows of different
     lengths are grouped by length. Returns ``(B, [G,] N)``.
     """
     _check_chunk(chunk)
@@ -634,13 +662,13 @@ def legs_scan_fast(
         rows = (lengths == L).nonzero().flatten().to(x.device)
         if L == 0:
             continue
-        acc = x.new_zeros(len(rows), G, N, N)  # (b, G, J, N)
+        acc = x.new_zeros(N, len(rows) * G, N)  # (J, b*G, N)
         for start in range(0, L, chunk):
             stop = min(start + chunk, L)
-            K = legs_kernel(L, N, start, stop).to(device=x.device, dtype=x.dtype)  # (C, J, N)
-            Yc = Y[rows, start:stop]  # (b, C, G, J)
-            acc = acc + torch.einsum("bcgj,cjn->bgjn", Yc, K)
-        out[rows] = torch.einsum("bgjn,j->bgn", acc, w.to(device=x.device, dtype=x.dtype))
+            K = legs_kernel_slabs(L, N, start, stop, x.dtype, x.device)  # (J, N, C)
+            Yc = Y[rows, start:stop].permute(3, 0, 2, 1).reshape(N, -1, stop - start)  # (J, b*G, C)
+            acc = acc + torch.bmm(Yc, K.transpose(1, 2))  # one GEMM per node
+        out[rows] = torch.einsum("jbn,j->bn", acc, w.to(device=x.device, dtype=x.dtype)).view(-1, G, N)
     return _finish(out, inp, 1)
 
 
