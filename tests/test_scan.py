@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import torch
 
@@ -335,3 +337,13 @@ def test_overflow_is_reported():
     x, Bbar = data(T=3 * C, dtype=torch.float32)
     with pytest.raises(ValueError, match="overflowed"):
         S.scan(x * 1e30, Bbar * 1e30, Abar)
+
+
+def test_bench_legs_kernel_reports_agreement_and_times(capsys):
+    from icl_ssm.cli import main
+
+    assert main(["bench", "legs-kernel", "--T", "90", "--N", "8", "--H", "6", "--chunk", "32", "--batch", "3",
+                 "--repeats", "1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["max_rel_diff"] < 1e-9
+    assert result["kernel_chunks_per_step"] == 3 * 3 and result["seconds_scan_step"] > 0

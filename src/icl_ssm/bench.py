@@ -309,6 +309,46 @@ def _run_label_scores(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_legs_kernel(args: argparse.Namespace) -> int:
+    """The scale-invariant LegS scan's data-independent kernel, one chunk: the reference
+    builder (:func:`scan.legs_kernel`) against the slab builder the fast scan uses, then one
+    training step's scan (forward and backward, a batch of prompts of distinct lengths)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    L, N, C = args.T, args.N, min(args.chunk, args.T)
+    start = max(0, L // 2 - C // 2)
+
+    def reference():
+        return S.legs_kernel(L, N, start, start + C)
+
+    def slabs():
+        return S.legs_kernel_slabs(L, N, start, start + C)
+
+    gen = torch.Generator().manual_seed(args.seed)
+    x = torch.randn(args.batch, L, args.H, generator=gen)
+    Bbar = (torch.randn(4, N, args.H, generator=gen) / math.sqrt(args.H)).requires_grad_()
+    mask = torch.ones(args.batch, L, dtype=torch.bool)
+    for i in range(args.batch):  # distinct lengths, as in a training batch: one kernel per length
+        mask[i, L - 7 * i:] = False
+
+    def step():
+        S.legs_scan_fast(x, Bbar, mask, chunk=args.chunk, check_finite=False).sum().backward()
+
+    reference(), slabs()  # warm-up
+    seconds = _time_interleaved((reference, slabs), args.repeats)
+    scan_seconds = _time(step, args.repeats)
+    ref = reference()
+    result = {
+        "T": L, "N": N, "chunk": C, "batch": args.batch,
+        "seconds_reference_kernel": seconds[0], "seconds_slab_kernel": seconds[1], "speedup": seconds[0] / seconds[1],
+        "max_rel_diff": _rel(slabs(), ref.permute(1, 2, 0)),
+        "seconds_scan_step": scan_seconds, "kernel_chunks_per_step": args.batch * math.ceil(L / args.chunk),
+        "machine": machine(), "command": " ".join(["icl-ssm", *getattr(args, "argv", ["bench", "legs-kernel"])]),
+    }
+    print(json.dumps(result, indent=1))
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("bench", help="performance benchmarks (output for BENCHMARKS.md)")
     kinds = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
@@ -346,6 +386,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_run_label_scores)
+    p = kinds.add_parser(
+        "legs-kernel",
+        help="the scale-invariant LegS kernel: reference builder vs the slab builder, and one scan training step",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--T", type=int, default=1700, help="prompt tokens (k = 50 on Rotten Tomatoes: about 1700)")
+    p.add_argument("--N", type=int, default=256, help="state size")
+    p.add_argument("--H", type=int, default=576, help="embedding size")
+    p.add_argument("--chunk", type=int, default=256, help="tokens per kernel chunk")
+    p.add_argument("--batch", type=int, default=4, help="prompts in the scan step")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds (best is kept)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_run_legs_kernel)
     from icl_ssm.bench_select import add_kinds
 
     add_kinds(kinds)
