@@ -31,7 +31,7 @@ from huggingface_hub.dataclasses import strict
 from torch import Tensor, nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
-from icl_ssm.ssm import SYSTEMS, HiPPOSSM, check_learn_dt
+from icl_ssm.ssm import SYSTEMS, HiPPOSSM, check_channels, check_learn_dt
 
 POSITIONS = ("compressed", "original")
 
@@ -67,6 +67,7 @@ class SSMCompressorConfig(PreTrainedConfig):
     teacher_num_parameters: int = 0
 
     state_size: int = 512
+    channels: int = 1
     num_groups: int = 4
     num_virtual: int = 16
     num_sink: int = 4
@@ -104,6 +105,7 @@ class SSMCompressorConfig(PreTrainedConfig):
         if not (math.isfinite(self.dt) and self.dt > 0):
             raise ValueError(f"dt must be a finite number > 0, got {self.dt}")
         check_learn_dt(self.learn_dt, self.system)
+        check_channels(self.channels, self.state_size)
         if not math.isfinite(self.gate_init):
             raise ValueError(f"gate_init must be a finite number, got {self.gate_init}")
 
@@ -182,7 +184,8 @@ class SSMCompressor(PreTrainedModel):
         c = config
         G, N, V, R = c.num_groups, c.state_size, c.num_virtual, c.latent_size
         m, Hkv, d = c.teacher_num_layers, c.teacher_num_kv_heads, c.teacher_head_dim
-        self.ssm = HiPPOSSM(N, c.teacher_hidden_size, G, c.system, c.dt, c.method, learn_dt=c.learn_dt)
+        self.ssm = HiPPOSSM(N, c.teacher_hidden_size, G, c.system, c.dt, c.method, learn_dt=c.learn_dt,
+                            channels=c.channels)
         self.constant = nn.Parameter(torch.zeros(G, N))  # the control's "state"
         self.state_scale = nn.Parameter(torch.ones(G, N))
         self.state_shift = nn.Parameter(torch.zeros(G, N))

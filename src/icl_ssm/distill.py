@@ -40,8 +40,8 @@ from icl_ssm.prompts import pad_ids
 from icl_ssm.ssm import check_learn_dt
 from icl_ssm.teacher import TeacherCache, check_shared_tail
 
-COMPRESSOR_FIELDS = ("state_size", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size", "system",
-                     "dt", "learn_dt", "method", "control", "position", "gate", "gate_init")
+COMPRESSOR_FIELDS = ("state_size", "channels", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size",
+                     "system", "dt", "learn_dt", "method", "control", "position", "gate", "gate_init")
 
 
 @dataclass
@@ -66,6 +66,7 @@ class DistillConfig:
     seed: int = 0
     # compressor
     state_size: int = 256
+    channels: int = 1
     num_groups: int = 0
     num_virtual: int = 16
     num_sink: int = 4
@@ -142,6 +143,7 @@ FIELD_HELP = {
     "shared_tail_every": "shared tails in every e-th group only (the others independent)",
     "seed": "training subsets, queries and initialisation",
     "state_size": "SSM state size N",
+    "channels": "independent LegS memories per layer group, N / channels coefficients each (1: the paper's layout)",
     "num_groups": "layer groups, one SSM and head each (0: 4, capped at the layer count)",
     "num_virtual": "virtual tokens n_v per layer",
     "num_sink": "exact attention-sink tokens at the start of the prompt",

@@ -1,0 +1,72 @@
+"""The compressor's SSM layer: P independent LegS memories per group (``channels``) equal the
+block-diagonal transition they stand for, on both systems and with a learned step."""
+
+import pytest
+import torch
+
+from icl_ssm import hippo
+from icl_ssm import scan as S
+from icl_ssm.compressor import SSMCompressorConfig
+from icl_ssm.ssm import HiPPOSSM
+
+
+def data(B=3, T=41, H=5, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, H, generator=gen, dtype=torch.float64)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1, 30:] = False
+    mask[2, :4] = False
+    return x, mask
+
+
+def block_diagonal(block: torch.Tensor, copies: int) -> torch.Tensor:
+    return torch.block_diag(*[block] * copies)
+
+
+@pytest.mark.parametrize("method", hippo.METHODS)
+def test_channels_equal_the_block_diagonal_transition(method):
+    x, mask = data()
+    N, P, G, dt = 12, 3, 2, 0.05
+    ssm = HiPPOSSM(N, x.shape[-1], G, dt=dt, method=method, channels=P).double()
+    A, B = hippo.transition("legs", N // P)
+    Abar, _ = hippo.discretize(A, B, dt, method)
+    ref = S.scan(x, ssm.Bbar.detach(), block_diagonal(Abar, P).to(x.dtype), mask, impl="reference")
+    torch.testing.assert_close(ssm(x, mask), ref)
+    # one channel is the paper's layout: the full LegS of size N
+    one = HiPPOSSM(N, x.shape[-1], G, dt=dt, method=method).double()
+    A, B = hippo.transition("legs", N)
+    full = S.scan(x, one.Bbar.detach(), hippo.discretize(A, B, dt, method)[0].to(x.dtype), mask, impl="reference")
+    torch.testing.assert_close(one(x, mask), full)
+
+
+def test_scale_invariant_channels_are_independent_legs_memories():
+    x, mask = data(T=70)
+    N, P, G = 8, 4, 2
+    ssm = HiPPOSSM(N, x.shape[-1], G, system="scale_invariant", channels=P).double()
+    out = ssm(x, mask)  # (B, G, N)
+    for g in range(G):
+        for p in range(P):
+            block = slice(p * (N // P), (p + 1) * (N // P))
+            ref = S.legs_scan_reference(x, ssm.Bbar.detach()[g, block], mask)
+            torch.testing.assert_close(out[:, g, block], ref)
+    # with a memory of one coefficient the state is the running mean of each projection
+    mean = HiPPOSSM(3, x.shape[-1], 1, system="scale_invariant", channels=3).double()
+    avg = (x * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+    torch.testing.assert_close(mean(x, mask)[:, 0], avg @ mean.Bbar.detach()[0].T)
+
+
+def test_learned_step_with_channels_matches_the_fixed_step_and_gets_a_gradient():
+    x, mask = data()
+    fixed = HiPPOSSM(8, x.shape[-1], 2, dt=0.1, channels=2).double()
+    learned = HiPPOSSM(8, x.shape[-1], 2, dt=0.1, channels=2, learn_dt=True).double()
+    torch.testing.assert_close(learned(x, mask), fixed(x, mask), rtol=1e-5, atol=1e-5)  # as for one channel
+    learned(x, mask).pow(2).sum().backward()
+    assert learned.log_dt.grad is not None and learned.log_dt.grad.abs().min() > 0
+
+
+@pytest.mark.parametrize("channels", [0, 5, -1, True])
+def test_channels_must_divide_the_state(channels):
+    with pytest.raises(ValueError, match="channels must be a positive divisor of state_size=16"):
+        HiPPOSSM(16, 4, 1, channels=channels)
+    with pytest.raises(ValueError, match="channels must be a positive divisor"):
+        SSMCompressorConfig(state_size=16, channels=channels)
