@@ -1,3 +1,4 @@
+import copy
 import dataclasses
 import json
 import os
@@ -411,6 +412,60 @@ def test_learned_dt_trains_resumes_and_loads(tmp_cache, tmp_path, capsys):
     assert main(["distill", *learned, "--system", "scale_invariant", "--out", str(tmp_path / "bad")]) == 2
     assert "learn_dt needs system='time_invariant'" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()  # refused before anything is written
+
+
+def test_standardized_channels_train_resume_and_load(tmp_cache, tmp_path):
+    from icl_ssm.compressor import SSMCompressor, load_compressor
+    from icl_ssm.distill_cli import teacher_spec
+
+    flags = [*SMALL, "--system", "scale_invariant", "--channels", "4", "--standardize"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert main(["distill", *flags, "--out", str(straight)]) == 0
+    assert main(["distill", *flags, "--out", str(resumed), "--stop-after", "5"]) == 0
+    assert main(["distill", *flags, "--out", str(resumed), "--resume"]) == 0
+    assert same_weights(straight, resumed)  # the statistics travel with the checkpoint
+    w = weights(straight)
+    model, tok = load_model("tiny-llama")
+    c = load_compressor(straight, model.config)
+    assert c.config.standardize and c.ssm.channels == 4
+    assert torch.equal(c.state_std, w["state_std"]) and torch.equal(c.state_mean, w["state_mean"])
+    # they are the untrained SSM's mean and std over the training prompts
+    cfg = D.DistillConfig(**json.loads((straight / "distill_config.json").read_text()))
+    spec = teacher_spec(cfg, model, tok)
+    teacher = TT.TeacherCache.open(TT.build_teacher_cache(model, tok, spec), spec)
+    torch.manual_seed(cfg.seed)
+    fresh = SSMCompressor(c.config)
+    states = D.training_states(model, fresh, teacher)
+    assert states.shape == (cfg.samples, *w["state_mean"].shape)
+    torch.testing.assert_close(w["state_mean"], states.double().mean(0).float())
+    torch.testing.assert_close(w["state_std"], states.double().std(0).float())
+    # the head reads standardised states: the same weights without the buffers, fed
+    # (states - mean) / std, give the same virtual tokens
+    config = copy.deepcopy(c.config)
+    config.standardize = False
+    plain = SSMCompressor(config)
+    plain.load_state_dict({k: v for k, v in c.state_dict().items() if k not in ("state_mean", "state_std")})
+    x = states[:3]
+    want = plain.head((x - c.state_mean) / c.state_std)
+    torch.testing.assert_close(c.head(x).keys, want.keys)
+    torch.testing.assert_close(c.head(x).values, want.values)
+    assert not torch.allclose(plain.head(x).keys, want.keys)
+
+
+def test_fit_standardizer_refusals():
+    from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
+
+    plain = SSMCompressor(SSMCompressorConfig(state_size=8, num_groups=2))
+    with pytest.raises(ValueError, match="standardize=False"):
+        plain.fit_standardizer(torch.randn(4, 2, 8))
+    c = SSMCompressor(SSMCompressorConfig(state_size=8, num_groups=2, standardize=True))
+    with pytest.raises(ValueError, match=r"states must be \(n >= 2, 2, 8\), got \(1, 2, 8\)"):
+        c.fit_standardizer(torch.randn(1, 2, 8))
+    states = torch.randn(50, 2, 8) * 3 + 5
+    c.fit_standardizer(states)
+    z = (states - c.state_mean) / c.state_std
+    torch.testing.assert_close(z.mean(0), torch.zeros(2, 8), atol=1e-5, rtol=0)
+    torch.testing.assert_close(z.std(0), torch.ones(2, 8), atol=1e-5, rtol=0)
 
 
 def test_numeric_answers_are_scored_where_they_differ(tmp_cache, tmp_path):

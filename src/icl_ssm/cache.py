@@ -160,6 +160,25 @@ def sink_kv(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | 
     return _kv_from_cache(out.past_key_values)
 
 
+def summary_inputs(model: PreTrainedModel, compressor: SSMCompressor, input_ids: Tensor,
+                   attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """What the compressor reads of right-padded prompts: the token embeddings ``(B, T, H)`` and
+    the mask ``(B, T)`` of the tokens before the ``num_recent`` exact ones (all real tokens
+    when there are none)."""
+    c = compressor.config
+    mask = _check_prompt(input_ids, attention_mask)
+    lengths = mask.sum(1)
+    if c.num_recent:
+        if (lengths < c.num_sink + c.num_recent).any():
+            raise ValueError(
+                f"prompts of {lengths.min().item()} tokens are shorter than num_sink + num_recent = "
+                f"{c.num_sink} + {c.num_recent}"
+            )
+        # the SSM reads everything before the recent tokens
+        mask = torch.arange(mask.shape[1], device=mask.device)[None] < (lengths - c.num_recent)[:, None]
+    return model.get_input_embeddings()(input_ids), mask
+
+
 def compressed_cache(
     model: PreTrainedModel,
     compressor: SSMCompressor,
@@ -175,17 +194,7 @@ def compressed_cache(
     mask = _check_prompt(input_ids, attention_mask)
     sinks = sink_kv(model, input_ids, mask, c.num_sink)
     lengths = mask.sum(1)
-    if c.num_recent:
-        if (lengths < c.num_sink + c.num_recent).any():
-            raise ValueError(
-                f"prompts of {lengths.min().item()} tokens are shorter than num_sink + num_recent = "
-                f"{c.num_sink} + {c.num_recent}"
-            )
-        # the SSM reads everything before the recent tokens
-        summary_mask = torch.arange(mask.shape[1], device=mask.device)[None] < (lengths - c.num_recent)[:, None]
-    else:
-        summary_mask = mask
-    embeds = model.get_input_embeddings()(input_ids)  # (B, T, H)
+    embeds, summary_mask = summary_inputs(model, compressor, input_ids, mask)
     virtual = compressor(embeds.to(compressor.dtype), summary_mask)
     dtype = embeds.dtype
     keys = [virtual.keys[l].to(dtype) for l in range(c.teacher_num_layers)]

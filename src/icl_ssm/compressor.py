@@ -50,6 +50,13 @@ class SSMCompressorConfig(PreTrainedConfig):
     demonstration subset from another; this keeps it exact for a cost of ``num_recent``
     teacher tokens.
 
+    ``standardize`` centres and scales every state coordinate by its mean and standard
+    deviation over prompts (buffers ``state_mean``/``state_std``, measured once on the training
+    prompts by :meth:`SSMCompressor.fit_standardizer`) before the head. A state that averages a
+    long prompt moves little from one prompt to the next (about 1% at k = 50 with 256
+    channels); the head then sees those differences at unit scale rather than as a ripple on
+    what every prompt shares.
+
     ``gate`` adds a learned bias per virtual token to every attention logit that reads it
     (``gate_init`` at the start). A strongly negative start makes the virtual tokens all but
     invisible: the untrained cache is then the sinks (plus the recent tokens) alone, and
@@ -78,6 +85,7 @@ class SSMCompressorConfig(PreTrainedConfig):
     learn_dt: bool = False
     method: str = "bilinear"
     control: bool = False
+    standardize: bool = False
     position: str = "compressed"
     gate: bool = False
     gate_init: float = -6.0
@@ -196,6 +204,9 @@ class SSMCompressor(PreTrainedModel):
         self.kv_bias = nn.Parameter(torch.zeros(m, 2 * Hkv * d))
         if c.gate:
             self.gate_bias = nn.Parameter(torch.full((V,), float(c.gate_init)))
+        if c.standardize:
+            self.register_buffer("state_mean", torch.zeros(G, N))
+            self.register_buffer("state_std", torch.ones(G, N))
         self.group_of_layer = [g for g, layers in enumerate(c.layer_groups()) for _ in layers]
         self.post_init()
 
@@ -221,6 +232,8 @@ class SSMCompressor(PreTrainedModel):
         B = states.shape[0]
         V, R = c.num_virtual, c.latent_size
         Hkv, d = c.teacher_num_kv_heads, c.teacher_head_dim
+        if c.standardize and not c.control:
+            states = (states - self.state_mean.to(states.dtype)) / self.state_std.to(states.dtype)
         s = F.layer_norm(states, (c.state_size,)) * self.state_scale + self.state_shift  # (B, G, N)
         z = torch.einsum("bgn,gnk->bgk", s, self.to_latent) + self.latent_bias  # (B, G, V*R)
         z = F.gelu(z).view(B, -1, V, R) + self.latent_pos  # (B, G, V, R)
@@ -230,6 +243,18 @@ class SSMCompressor(PreTrainedModel):
         kv = torch.einsum("bmvr,mrk->mbvk", z, self.to_kv) + self.kv_bias[:, None, None]  # (m, B, V, 2*Hkv*d)
         kv = kv.view(-1, B, V, 2, Hkv, d).permute(3, 0, 1, 4, 2, 5)  # (2, m, B, Hkv, V, d)
         return VirtualKV(keys=kv[0], values=kv[1])
+
+    @torch.no_grad()
+    def fit_standardizer(self, states: Tensor, eps: float = 1e-6) -> None:
+        """Set ``state_mean``/``state_std`` from SSM states ``(n, G, N)`` of n >= 2 prompts."""
+        if not self.config.standardize:
+            raise ValueError("fit_standardizer: this compressor has standardize=False")
+        if states.ndim != 3 or states.shape[0] < 2 or states.shape[1:] != self.state_mean.shape:
+            raise ValueError(f"states must be (n >= 2, {', '.join(map(str, self.state_mean.shape))}), "
+                             f"got {tuple(states.shape)}")
+        states = states.double()
+        self.state_mean.copy_(states.mean(0))
+        self.state_std.copy_(states.std(0).clamp_min(eps))
 
     def slot_bias(self, batch: int) -> Tensor:
         """Attention-logit bias of the cache's sink and virtual slots ``(batch, num_sink + num_virtual)``:

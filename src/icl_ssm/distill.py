@@ -41,7 +41,7 @@ from icl_ssm.ssm import check_learn_dt
 from icl_ssm.teacher import TeacherCache, check_shared_tail
 
 COMPRESSOR_FIELDS = ("state_size", "channels", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size",
-                     "system", "dt", "learn_dt", "method", "control", "position", "gate", "gate_init")
+                     "system", "dt", "learn_dt", "method", "control", "standardize", "position", "gate", "gate_init")
 
 
 @dataclass
@@ -78,6 +78,7 @@ class DistillConfig:
     dt_lr: float = 0.05
     method: str = "bilinear"
     control: bool = False
+    standardize: bool = False
     position: str = "compressed"
     gate: bool = True
     gate_init: float = -4.0
@@ -155,6 +156,7 @@ FIELD_HELP = {
     "dt_lr": "learning rate of log dt (with --learn-dt; same schedule, no weight decay)",
     "method": "discretisation: bilinear or zoh",
     "control": "prompt-independent virtual tokens (the control a compressor is judged against)",
+    "standardize": "centre and scale each SSM state coordinate by its mean and std over the training prompts",
     "position": "position ids after the cache: compressed (count cache slots) or original (prompt length)",
     "gate": "a learned attention bias per virtual token, starting at --gate-init (nearly closed)",
     "gate_init": "starting gate bias (very negative: the untrained cache is the sinks + recent window)",
@@ -404,6 +406,18 @@ def _average_gradients(module: torch.nn.Module, world: int) -> None:
         offset += n
 
 
+@torch.no_grad()
+def training_states(model, compressor: SSMCompressor, teacher: TeacherCache, batch: int = 8) -> Tensor:
+    """The untrained SSM's final states ``(n, G, N)`` on every training prompt (in episode order,
+    so every process of a data-parallel run gets the same)."""
+    out = []
+    for lo in range(0, len(teacher.episodes), batch):
+        ids, mask = pad_ids([teacher.get(i)["prompt_ids"] for i in range(lo, min(lo + batch, len(teacher.episodes)))])
+        embeds, summary = K.summary_inputs(model, compressor, ids.to(model.device), mask.to(model.device))
+        out.append(compressor.states(embeds.to(compressor.dtype), summary).float().cpu())
+    return torch.cat(out)
+
+
 def train(
     model,
     teacher: TeacherCache,
@@ -446,6 +460,8 @@ def train(
     start_step, history = 0, []
     if resume:
         start_step, history = load_checkpoint(out, compressor, optimizer)
+    elif ccfg.standardize and not ccfg.control:
+        compressor.fit_standardizer(training_states(model, compressor, teacher))
     raw = compressor
     rank, world = accelerator.process_index, accelerator.num_processes
     if cfg.groups_per_step % world:
