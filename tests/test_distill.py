@@ -57,6 +57,22 @@ def test_rank_loss_only_sees_differences_between_subsets():
     assert D.rank_loss(teacher.flip(0), teacher).item() > 0.01
 
 
+def test_subset_level_rank_loss_sees_only_subset_means():
+    teacher = torch.randn(4, 6)
+    interaction = torch.randn(4, 6)
+    interaction -= interaction.mean(1, keepdim=True)  # how a subset suits each query, mean 0 per subset
+    student = teacher + interaction + torch.randn(1, 6)
+    assert D.rank_loss(student, teacher, "subset").item() < 1e-10
+    assert D.rank_loss(student, teacher, "query").item() > 0.01
+    means = teacher.mean(1, keepdim=True)
+    want = ((means - means.mean()) * 2 - (means - means.mean())).pow(2).mean()  # student's spread doubled
+    torch.testing.assert_close(D.rank_loss(teacher * 0 + 2 * means, teacher, "subset"), want)
+    with pytest.raises(ValueError, match="rank level 'pairs'; accepted: query, subset"):
+        D.rank_loss(teacher, teacher, "pairs")
+    with pytest.raises(ValueError, match="rank_level 'pairs'; accepted: query, subset"):
+        D.DistillConfig(rank_level="pairs")
+
+
 # --- teacher cache ------------------------------------------------------------------------
 
 
