@@ -2,6 +2,12 @@
 
     python scripts/summary_probe.py --task rotten_tomatoes --k 50 NAME=DIR [NAME=DIR ...]
 
+A compressor is a trained directory, or ``NAME=untrained:KEY=VALUE,...`` for an untrained one
+of the default recipe's shape (N = 256, 16 recent tokens, gates) with those config fields
+changed, e.g. ``untrained:system=scale_invariant,channels=64``; ``standardize=true`` there
+needs ``--teacher-cache DIR`` (the statistics are measured on its training prompts, as
+``icl-ssm distill --standardize`` does).
+
 For many random demonstration subsets of the task's pool (no teacher forward: only the
 embedding lookup, the SSM and the head), reports for each compressor:
 
@@ -25,10 +31,11 @@ import argparse
 import numpy as np
 import torch
 
+from icl_ssm import distill as D
 from icl_ssm import fidelity as FI
 from icl_ssm import prompts as P
 from icl_ssm import tasks as T
-from icl_ssm.compressor import load_compressor
+from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig, load_compressor
 from icl_ssm.models import load_model
 
 
@@ -53,6 +60,32 @@ def cv_r2(X: np.ndarray, y: np.ndarray, folds: int = 5, alphas=(1e-3, 1e-2, 1e-1
     return float(best)
 
 
+def untrained(spec: str, model, model_name: str, teacher_cache: str | None) -> SSMCompressor:
+    """``KEY=VALUE,...`` -> an untrained compressor of the default recipe's shape (seed 0)."""
+    fields = {}
+    for item in filter(None, spec.split(",")):
+        key, value = item.split("=", 1)
+        fields[key] = {"true": True, "false": False}.get(value.lower(), value)
+        for cast in (int, float):
+            try:
+                fields[key] = cast(value)
+                break
+            except ValueError:
+                pass
+    base = {name: getattr(D.DistillConfig(), name) for name in D.COMPRESSOR_FIELDS}
+    base.pop("num_groups")
+    config = SSMCompressorConfig.for_teacher(model.config, model_name, **{**base, **fields})
+    torch.manual_seed(0)
+    comp = SSMCompressor(config)
+    if config.standardize:
+        if teacher_cache is None:
+            raise SystemExit("untrained:...standardize=true needs --teacher-cache DIR (its training prompts)")
+        from icl_ssm.teacher import TeacherCache
+
+        comp.fit_standardizer(D.training_states(model, comp, TeacherCache.open(teacher_cache)))
+    return comp
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("compressors", nargs="+", metavar="NAME=DIR")
@@ -62,6 +95,7 @@ def main() -> None:
     ap.add_argument("--subsets", type=int, default=200)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1, help="subset draw (fidelity's held-out subsets use seed 0)")
+    ap.add_argument("--teacher-cache", help="teacher cache whose training prompts standardise untrained compressors")
     args = ap.parse_args()
     model, tokenizer = load_model(args.model)
     task = T.get_task(args.task)
@@ -79,7 +113,10 @@ def main() -> None:
     print("|---|---:|" + "---:|" * len(targets))
     for item in args.compressors:
         name, path = item.split("=", 1)
-        comp = load_compressor(path, model.config).eval()
+        if path.startswith("untrained:"):
+            comp = untrained(path.removeprefix("untrained:"), model, args.model, args.teacher_cache).eval()
+        else:
+            comp = load_compressor(path, model.config).eval()
         c = comp.config
         states, kv, means = [], [], []
         with torch.no_grad():
