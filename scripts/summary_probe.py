@@ -27,10 +27,12 @@ BENCHMARKS.md); a summary that cannot give it back cannot rank by it.
 from __future__ import annotations
 
 import argparse
+import json
 
 import numpy as np
 import torch
 
+from icl_ssm import cache as K
 from icl_ssm import distill as D
 from icl_ssm import fidelity as FI
 from icl_ssm import prompts as P
@@ -62,16 +64,13 @@ def cv_r2(X: np.ndarray, y: np.ndarray, folds: int = 5, alphas=(1e-3, 1e-2, 1e-1
 
 def untrained(spec: str, model, model_name: str, teacher_cache: str | None) -> SSMCompressor:
     """``KEY=VALUE,...`` -> an untrained compressor of the default recipe's shape (seed 0)."""
-    fields = {}
-    for item in filter(None, spec.split(",")):
-        key, value = item.split("=", 1)
-        fields[key] = {"true": True, "false": False}.get(value.lower(), value)
-        for cast in (int, float):
-            try:
-                fields[key] = cast(value)
-                break
-            except ValueError:
-                pass
+    def parse(value: str):  # 64 -> int, 0.002 -> float, true -> bool, anything else a string
+        try:
+            return json.loads(value.lower() if value.lower() in ("true", "false") else value)
+        except json.JSONDecodeError:
+            return value
+
+    fields = {key: parse(value) for key, value in (item.split("=", 1) for item in filter(None, spec.split(",")))}
     base = {name: getattr(D.DistillConfig(), name) for name in D.COMPRESSOR_FIELDS}
     base.pop("num_groups")
     config = SSMCompressorConfig.for_teacher(model.config, model_name, **{**base, **fields})
@@ -117,14 +116,11 @@ def main() -> None:
             comp = untrained(path.removeprefix("untrained:"), model, args.model, args.teacher_cache).eval()
         else:
             comp = load_compressor(path, model.config).eval()
-        c = comp.config
         states, kv, means = [], [], []
         with torch.no_grad():
             for i in range(0, len(prompts), args.batch):
-                ids, mask = FI.pad_right(prompts[i : i + args.batch])
-                lengths = mask.sum(1)
-                summary = torch.arange(mask.shape[1])[None] < (lengths - c.num_recent)[:, None]
-                emb = model.get_input_embeddings()(ids).float()
+                emb, summary = K.summary_inputs(model, comp, *FI.pad_right(prompts[i : i + args.batch]))
+                emb = emb.float()
                 s = comp.states(emb, summary)
                 v = comp.head(s)
                 states.append(s.flatten(1).numpy())
