@@ -132,9 +132,42 @@ def test_teacher_cache_round_trip_and_refusals(tmp_cache, tmp_path):
         TT.TeacherCache.open(d, spec(model_fingerprint=s.model_fingerprint, k=5))
     with pytest.raises(ValueError, match="other settings"):
         TT.build_teacher_cache(model, tok, spec(model_fingerprint="other"), d)
+    # every file is complete and readable by the others who share the cache; no temporary left behind
+    shards = [f"shard-{j:05d}.safetensors" for j in range(s.num_shards)]
+    assert sorted(p.name for p in d.iterdir()) == ["episodes.json", "meta.json", *shards]
+    assert {oct(p.stat().st_mode & 0o777) for p in d.iterdir()} == {oct(0o666 & ~umask())}
     (d / "shard-00001.safetensors").unlink()
     with pytest.raises(ValueError, match="incomplete"):
         TT.TeacherCache.open(d)
+
+
+def umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_runs_that_open_one_teacher_cache_at_once_do_not_collide(tmp_cache, tmp_path, monkeypatch):
+    """Two runs starting on one cache (a compressor and its control) both rewrite its episode
+    list: each through a temporary file of its own, so neither moves the other's away."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    model, tok = load_model("tiny-llama")
+    s = spec(model_fingerprint=TT.model_fingerprint(model))
+    d = TT.build_teacher_cache(model, tok, s, tmp_path / "tc")
+    real, both_written = os.replace, threading.Barrier(2, timeout=30)
+
+    def replace(src, dst):  # both runs have written their episode list before either renames it
+        if str(dst).endswith("episodes.json"):
+            both_written.wait()
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(TT.build_teacher_cache, model, tok, s, d) for _ in range(2)]
+        assert [r.result() for r in runs] == [d, d]
+    assert len(TT.TeacherCache.open(d, s)) == 8
 
 
 def test_a_larger_cache_reuses_the_shards_of_a_smaller_one(tmp_cache, tmp_path, monkeypatch):

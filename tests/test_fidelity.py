@@ -385,3 +385,27 @@ def test_subset_features_script_finds_a_planted_last_label_effect(capsys, files,
     assert float(rows["last label"]) > 0.8
     assert max(rows, key=lambda k: float(rows[k])) == "last label"
     assert abs(float(rows["cache path: noise"])) < 0.5
+
+
+def test_oracle_summary_reads_label_statistics_from_embeddings():
+    """scripts/oracle_summary.py: share, last label and last-4 share of the label words the mask lets through."""
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "scripts" / "oracle_summary.py"
+    spec = importlib.util.spec_from_file_location("oracle_summary", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    gen = torch.Generator().manual_seed(0)
+    label_embeds = torch.randn(2, 8, generator=gen)  # label 0, label 1
+    filler = torch.randn(8, generator=gen)
+    seq = [0, 1, 1, 0, 1, 1, 1]  # labels in prompt order; the last one lies outside the mask
+    embeds = torch.stack([t for lab in seq for t in (filler, label_embeds[lab])])[None]  # (1, 14, 8)
+    mask = torch.ones(1, 14, dtype=torch.bool)
+    mask[0, -2:] = False
+    f = script.label_features(embeds, mask, label_embeds, ["share", "last", "last4"])
+    read = seq[:-1]
+    assert f[0].tolist() == pytest.approx([sum(read) / 6 - 0.5, 1 - 0.5, sum(read[-4:]) / 4 - 0.5])
+    with pytest.raises(ValueError, match="no label word"):
+        script.label_features(embeds, torch.zeros_like(mask), label_embeds, ["share"])
+    with pytest.raises(SystemExit, match="comma list"):
+        script.parse("share,first")

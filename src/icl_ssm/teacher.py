@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -36,9 +34,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import Tensor
 
+from icl_ssm import atomic
 from icl_ssm import cache as K
 from icl_ssm import tasks as T
 from icl_ssm.prompts import PromptBuilder, pad_ids
@@ -239,15 +238,8 @@ def teacher_targets(model, builder: PromptBuilder, demos: list[T.Example], queri
 
 
 def _atomic_save(tensors: dict[str, Tensor], path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; the cache is shared like any other file
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    data = save({k: v.contiguous() for k, v in tensors.items()})
+    atomic.write_with(path, lambda f: f.write(data))
 
 
 def _meta_diffs(stored: dict, spec: TeacherSpec, ignore: tuple[str, ...] = ()) -> list[str]:
@@ -353,9 +345,8 @@ def _reusable_shards(directory: Path, spec: TeacherSpec, episodes: list[Episode]
 
 
 def _copy_atomic(src: Path, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, path)
+    with open(src, "rb") as source:
+        atomic.write_with(path, lambda f: shutil.copyfileobj(source, f))
 
 
 def build_teacher_cache(
@@ -383,11 +374,9 @@ def build_teacher_cache(
                          f"with {leads!r}: build the spec with teacher.answer_leads(*teacher.task_builders(...))")
     episodes = sample_episodes([len(p) for p in pools], spec)
     if rank == 0:
+        # a temporary name of its own: several runs may open one cache at the same moment
         for name, payload in (("episodes.json", [asdict(e) for e in episodes]), ("meta.json", asdict(spec))):
-            path = directory / name
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(payload))
-            os.replace(tmp, path)
+            atomic.write_text(directory / name, json.dumps(payload))
     mine = [j for j in range(spec.num_shards) if j % world == rank]
     reusable = _reusable_shards(directory, spec, episodes)
     total = sum(len(episodes[j * spec.shard_size : (j + 1) * spec.shard_size]) for j in mine)
