@@ -2,6 +2,7 @@
 
     python scripts/oracle_summary.py FEATURES distill --task rotten_tomatoes --k 50 --out DIR
     python scripts/oracle_summary.py fidelity --task rotten_tomatoes --k 50 --compressor DIR ...
+    python scripts/oracle_summary.py targets TEACHER_CACHE_DIR
 
 FEATURES is a comma list of ``share`` (share of each label word among the label words the
 summary reads), ``last`` (the label of the last demonstration it reads) and ``last4`` (the
@@ -25,6 +26,12 @@ header's mention of each label counts once for every prompt alike. Other compres
 ``ORACLE`` file) keep their SSM, so one ``fidelity`` run can hold oracles and ordinary
 compressors side by side. Do not load an oracle's weights with plain ``icl-ssm``: they read a
 state the SSM does not produce.
+
+``targets`` asks the same question of the training signal alone: how much of the ranking term's
+target (each query's gold-answer NLL, centred over the subsets of its group, as
+``distill.rank_loss`` uses it) a least-squares fit on the label statistics explains, per query
+(the statistics times the query's label sign: a share of positive labels helps positive
+queries and hurts negative ones) and per subset mean (what selection ranks by).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from icl_ssm import cli
@@ -63,6 +71,59 @@ def label_features(embeds: torch.Tensor, mask: torch.Tensor | None, label_embeds
         feats = {"share": seq.mean(), "last": seq[-1], "last4": seq[-4:].mean()}
         out.append(torch.stack([feats[n] - 0.5 for n in names]))
     return torch.stack(out).to(embeds.dtype)
+
+
+def explained(groups: list[dict]) -> dict[str, float]:
+    """In-sample R^2 of the centred rank targets on label statistics.
+
+    Each group: ``nll (S, Q)`` (dense gold NLL of S subsets on the same Q queries), ``labels
+    (S, k)`` (the demonstrations' label values in prompt order, 0..1), ``query (Q,)`` (the
+    queries' label values). Returns R^2 per query (on share, last and last-4 share, each times
+    the query's sign, plus share and imbalance) and per subset mean (on imbalance, share, last).
+    """
+    Xq, Yq, Xs, Ys = [], [], [], []
+    for g in groups:
+        nll, lab, sign = np.asarray(g["nll"], float), np.asarray(g["labels"], float), 2 * np.asarray(g["query"]) - 1
+        stats = np.stack([lab.mean(1), lab[:, -1], lab[:, -4:].mean(1), np.abs(lab.mean(1) - 0.5)], 1)
+        stats -= stats.mean(0)  # centred over the group's subsets, as the target is
+        d = nll - nll.mean(0)
+        for s in range(len(nll)):
+            for j in range(nll.shape[1]):
+                Xq.append([*(stats[s, :3] * sign[j]), stats[s, 0], stats[s, 3]])
+                Yq.append(d[s, j])
+        m = nll.mean(1)
+        Xs += [[stats[s, 3], stats[s, 0], stats[s, 1]] for s in range(len(nll))]
+        Ys += list(m - m.mean())
+
+    def r2(X, Y) -> float:
+        X, Y = np.asarray(X), np.asarray(Y)
+        coef = np.linalg.lstsq(X, Y, rcond=None)[0]
+        return float(1 - ((Y - X @ coef) ** 2).sum() / (Y**2).sum())
+
+    return {"per_query_r2": r2(Xq, Yq), "per_query_var": float(np.var(Yq)),
+            "per_subset_r2": r2(Xs, Ys), "per_subset_var": float(np.var(Ys)), "points": len(Yq)}
+
+
+def targets(directory: str) -> None:
+    from icl_ssm.teacher import TeacherCache
+
+    cache = TeacherCache.open(directory)
+    if len(cache.spec.tasks) != 1:
+        raise SystemExit("oracle targets: a teacher cache of one task")
+    task = T.get_task(cache.spec.tasks[0])
+    pool = T.split(task, seed=cache.spec.seed).pool
+    value = {label: i / max(1, len(task.labels) - 1) for i, label in enumerate(task.labels)}
+    groups: dict[int, dict] = {}
+    for i, ep in enumerate(cache.episodes):
+        g = groups.setdefault(ep.group, {"nll": [], "labels": [], "query": [value[pool[j].target] for j in ep.queries]})
+        nll = -cache.get(i)["gold_logp"].double().numpy()
+        g["nll"].append(nll)
+        g["labels"].append([value[pool[j].target] for j in ep.demos])
+    r = explained(list(groups.values()))
+    print(f"{task.name}, k = {cache.spec.k}, {len(groups)} groups: centred rank target explained by label statistics\n")
+    print("| level | target variance | R^2 (in-sample least squares) |\n|---|---:|---:|")
+    print(f"| per query (what `--rank-level query` fits) | {r['per_query_var']:.4f} | {r['per_query_r2']:.3f} |")
+    print(f"| per subset mean | {r['per_subset_var']:.4f} | {r['per_subset_r2']:.3f} |")
 
 
 def oracle_features(compressor: SSMCompressor, training: list[str] | None) -> list[str] | None:
@@ -110,6 +171,9 @@ def install(model_name: str, task_name: str, training: list[str] | None) -> None
 def main() -> int:
     if len(sys.argv) < 2:
         raise SystemExit(__doc__)
+    if sys.argv[1] == "targets":
+        targets(*sys.argv[2:3])
+        return 0
     training = None if sys.argv[1] in cli.SUBCOMMANDS else parse(sys.argv[1])
     argv = sys.argv[1:] if training is None else sys.argv[2:]
     if (argv[:1] == ["distill"]) != (training is not None):
