@@ -30,11 +30,23 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
     per_query = rows[2]["flops_per_subset"]
     assert per_query > rows[1]["flops_per_subset"]  # per-query re-reads the prompt for every query
     assert "| 3 |" in capsys.readouterr().out
+    out = tmp_path / "quality.json"
     assert main(["bench", "select-quality", *common, "--tasks", str(data), "--seeds", "0", "1", "--k", "3",
                  "--pool-size", "20", "--test-size", "4", "--subsets", "8", "--methods", "affinity",
-                 "affinity:dense", "random"]) == 0
+                 "affinity:dense", "affinity:again", "random", "--also", f"again={tmp_path / 'comp'}",
+                 "--json-out", str(out)]) == 0
     table = capsys.readouterr().out
-    assert "affinity:dense" in table and "**mean**" in table
+    assert "affinity:dense" in table and "**mean**" in table and "chosen in common with dense" in table
+    result = json.loads(out.read_text())
+    agree = {(a["seed"], a["method"]): a for a in result["agreement"]}
+    assert set(agree) == {(s, m) for s in (0, 1) for m in ("affinity", "affinity:again")}
+    for seed in (0, 1):  # the same compressor under another name: the same subsets, the same losses
+        first, again = agree[seed, "affinity"], agree[seed, "affinity:again"]
+        assert first == {**again, "method": "affinity"}
+        runs = [r for r in result["runs"] if r["seed"] == seed and r["method"].startswith("affinity")]
+        assert len({len(r["subset_losses"]) for r in runs}) == 1
+    assert main(["bench", "select-quality", *common, "--tasks", str(data), "--methods", "affinity:nope"]) == 2
+    assert "unknown evaluator 'nope'; accepted: compressed, dense" in capsys.readouterr().err
     out = tmp_path / "est.json"
     assert main(["bench", "estimators", *common, "--task", str(data), "--evaluator", "dense", "--k", "3",
                  "--seeds", "0", "--budgets", "4", "8", "--pool-size", "12", "--test-size", "4",
@@ -60,3 +72,18 @@ def test_bench_label_scores_agrees_with_the_reference_path(tmp_cache, capsys):
     assert result["pairs"] == 4 and result["labels"] == 97
     assert result["max_abs_diff_scores"] < 1e-3 and result["max_abs_diff_logits"] < 1e-3
     assert result["flops_after"] < result["flops_before"]  # the query is read once, not once per branch
+
+
+def test_agreement_with_the_dense_evaluator():
+    from icl_ssm.bench_select import agreement
+
+    dense = {"task": "t", "seed": 0, "method": "affinity:dense", "subset_losses": [0.1, 0.2, 0.3, 0.4],
+             "scores": [4.0, 3.0, None, 1.0], "indices": [0, 1]}
+    same = {**dense, "method": "affinity"}
+    flipped = {**dense, "method": "affinity:x", "subset_losses": [0.4, 0.3, 0.2, 0.1],
+               "scores": [1.0, 3.0, 2.0, 4.0], "indices": [1, 3]}
+    other_seed = {**dense, "seed": 1, "method": "affinity"}
+    rows = agreement([dense, same, flipped, other_seed, {**dense, "method": "random", "subset_losses": None}], 2)
+    assert [(r["method"], r["subset_loss_spearman"], r["overlap"]) for r in rows] == [
+        ("affinity", 1.0, 2), ("affinity:x", -1.0, 1)]
+    assert rows[0]["score_spearman"] == 1.0 and rows[1]["score_spearman"] == -1.0  # over the 3 scored by both

@@ -20,6 +20,7 @@ from icl_ssm import prompts as P
 from icl_ssm import selection as S
 from icl_ssm import tasks as T
 from icl_ssm.compressor import load_compressor
+from icl_ssm.fidelity import parse_also
 from icl_ssm.models import DEFAULT_MODEL, load_model
 from icl_ssm.select_cli import SelectConfig, select_demonstrations
 
@@ -69,6 +70,16 @@ def select_cost(args: argparse.Namespace) -> dict:
 
 def select_quality(args: argparse.Namespace) -> dict:
     model, tokenizer, compressor = _load(args)
+    also_dirs = parse_also(args.also)
+    clash = sorted(set(also_dirs) & {"compressed", "dense"})
+    if clash:
+        raise ValueError(f"--also: the names {clash} are taken by the built-in evaluators; choose other names")
+    also = {name: load_compressor(path, model.config) for name, path in also_dirs.items()}
+    for method in args.methods:
+        name, evaluator = (method.split(":") + ["compressed"])[:2]
+        if name == "affinity" and evaluator not in ("compressed", "dense", *also):
+            raise ValueError(f"--methods {method!r}: unknown evaluator {evaluator!r}; accepted: compressed, dense"
+                             + "".join(f", {a}" for a in also) + " (names from --also NAME=DIR)")
     runs = []
     for task_name in args.tasks:
         task = T.get_task(task_name)
@@ -80,11 +91,19 @@ def select_quality(args: argparse.Namespace) -> dict:
                                 query_batch=args.query_batch)
             for method in args.methods:
                 name, evaluator = (method.split(":") + ["compressed"])[:2]
-                cfg = replace(base, method=name, evaluator=evaluator)
-                _, summary, _ = select_demonstrations(cfg, model, tokenizer, compressor, splits=splits)
+                comp = compressor
+                if evaluator in also:  # another compressor, the same subsets (same seed)
+                    cfg = replace(base, method=name, evaluator="compressed", compressor=also_dirs[evaluator])
+                    comp = also[evaluator]
+                else:
+                    cfg = replace(base, method=name, evaluator=evaluator)
+                selection, summary, _ = select_demonstrations(cfg, model, tokenizer, comp, splits=splits)
                 runs.append({"task": task_name, "seed": seed, "method": method,
                              "test_accuracy": summary["test_accuracy"], "flops": summary["flops"],
-                             "wall_seconds": summary["wall_seconds"], "subsets": summary["subsets"]})
+                             "wall_seconds": summary["wall_seconds"], "subsets": summary["subsets"],
+                             "indices": list(selection.indices),
+                             "scores": [float(x) if np.isfinite(x) else None for x in selection.scores],
+                             "subset_losses": selection.details.get("subset_losses")})
                 _log(f"{task_name} seed {seed} {method}: {summary['test_accuracy']:.3f} "
                      f"({summary['wall_seconds']:.0f} s)")
     table = {}
@@ -93,7 +112,35 @@ def select_quality(args: argparse.Namespace) -> dict:
             acc = [r["test_accuracy"] for r in runs if r["task"] == task_name and r["method"] == method]
             table.setdefault(task_name, {})[method] = (float(np.mean(acc)), float(np.std(acc)))
     return {"model": args.model, "k": args.k, "seeds": args.seeds, "runs": runs, "table": table,
+            "agreement": agreement(runs, args.k),
             "settings": {k: getattr(args, k) for k in ("pool_size", "queries", "test_size", "subsets", "estimator")}}
+
+
+def agreement(runs: list[dict], k: int) -> list[dict]:
+    """How far each compressed affinity run agrees with the dense evaluator on the same subsets.
+
+    For every (task, seed) with an ``affinity:dense`` run, and every other affinity run of that
+    (task, seed) that evaluated the same number of subsets (the same seed draws the same
+    subsets): the Spearman correlation of the subset losses, of the affinity scores over the
+    candidates both scored, and how many of the ``k`` chosen demonstrations the two share.
+    """
+    from scipy.stats import spearmanr
+
+    out = []
+    for ref in (r for r in runs if r["method"] == "affinity:dense" and r["subset_losses"]):
+        for r in runs:
+            same = r["task"] == ref["task"] and r["seed"] == ref["seed"]
+            if not same or r is ref or not r["method"].startswith("affinity") or not r["subset_losses"]:
+                continue
+            if len(r["subset_losses"]) != len(ref["subset_losses"]):
+                continue  # adaptive rounds can differ; only identical subset streams compare
+            a, b = (np.array([np.nan if x is None else x for x in run["scores"]]) for run in (r, ref))
+            both = np.isfinite(a) & np.isfinite(b)
+            out.append({"task": r["task"], "seed": r["seed"], "method": r["method"],
+                        "subset_loss_spearman": float(spearmanr(r["subset_losses"], ref["subset_losses"])[0]),
+                        "score_spearman": float(spearmanr(a[both], b[both])[0]),
+                        "overlap": len(set(r["indices"]) & set(ref["indices"])), "k": k})
+    return out
 
 
 class _Memo(S.SubsetEvaluator):
@@ -208,6 +255,11 @@ def _markdown(kind: str, result: dict) -> str:
             lines.append(f"| {task} | " + " | ".join(f"{100 * m:.1f} ± {100 * s:.1f}" for m, s in row.values()) + " |")
         means = [np.mean([result["table"][t][m][0] for t in result["table"]]) for m in methods]
         lines.append("| **mean** | " + " | ".join(f"**{100 * m:.1f}**" for m in means) + " |")
+        if result.get("agreement"):
+            lines += ["", "| task | seed | method | subset-loss Spearman vs dense | score Spearman vs dense | "
+                      "chosen in common with dense |", "|---|---:|---|---:|---:|---:|"]
+            lines += [f"| {a['task']} | {a['seed']} | {a['method']} | {a['subset_loss_spearman']:.2f} | "
+                      f"{a['score_spearman']:.2f} | {a['overlap']} / {a['k']} |" for a in result["agreement"]]
         return "\n".join(lines)
     budgets = sorted({m for c in result["curve"].values() for m in c})
     lines = ["| estimator | " + " | ".join(f"M={m}" for m in budgets) + " | subsets to reach mean@max |",
@@ -256,7 +308,9 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--tasks", nargs="+", default=["rotten_tomatoes", "cr", "coin_flip", "modular_addition",
                                                   "edge_existence"])
     p.add_argument("--methods", nargs="+", default=["affinity", "affinity:dense", "random", "bm25", "topk"],
-                   help="METHOD or affinity:EVALUATOR")
+                   help="METHOD or affinity:EVALUATOR (compressed, dense, or a NAME from --also)")
+    p.add_argument("--also", nargs="+", metavar="NAME=DIR", default=[],
+                   help="more compressors, each an evaluator for a method affinity:NAME (same subsets per seed)")
     p.add_argument("--k", type=int, default=20)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--pool-size", type=int, default=100)

@@ -697,7 +697,7 @@ def run_fidelity(
     return report
 
 
-def _parse_also(items: Sequence[str] | None) -> dict[str, str]:
+def parse_also(items: Sequence[str] | None) -> dict[str, str]:
     """``--also NAME=DIR ...`` -> {NAME: DIR}."""
     out: dict[str, str] = {}
     for item in items or ():
@@ -714,7 +714,7 @@ def _main(args: argparse.Namespace) -> int:
     config = FidelityConfig(
         model=args.model, task=args.task, k=args.k, compressor=args.compressor, control=args.control,
         subsets=args.subsets, queries=args.queries, seed=args.seed, loss=args.loss, n_window=args.n_window,
-        also=_parse_also(args.also), batch=args.batch, query_batch=args.query_batch, chat=args.chat,
+        also=parse_also(args.also), batch=args.batch, query_batch=args.query_batch, chat=args.chat,
         device=args.device,
     )  # fmt: skip
     from rich.console import Console
