@@ -214,6 +214,11 @@ def test_distill_trains_and_stage1_loss_decreases(tmp_cache, tmp_path, capsys):
     assert any(h["stage"] == 2 and "kl" in h for h in history)
     assert json.loads((out / "distill_config.json").read_text())["k"] == 4
     assert not (out / "checkpoint").exists()
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for name in ("model.safetensors", "config.json", "distill_config.json", "history.jsonl"):
+        assert (out / name).stat().st_mode & 0o777 == 0o666 & ~mask, name  # not owner-only
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # no temporaries left
     log = capsys.readouterr().err  # not a terminal: plain progress lines instead of bars
     assert re.search(r"teacher targets (\d+)/\1 episodes", log) and re.search(r"step (\d+)/\1 stage 2", log)
     # the same configuration again: nothing to do

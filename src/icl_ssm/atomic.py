@@ -21,7 +21,7 @@ def write_with(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the mode a plain open() would
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp creates 0600; give the mode a plain open() would
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -29,7 +29,7 @@ def write_with(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
     return path
 
 
-def _umask() -> int:
+def umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from icl_ssm import atomic
 from icl_ssm import cache as K
 from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.prompts import pad_ids
@@ -373,6 +374,28 @@ def save_checkpoint(directory: Path, compressor, optimizer, step: int, history: 
     _atomic_dir_write(directory / "checkpoint", write)
 
 
+def save_final(out: Path, compressor, cfg, history: list[dict]) -> None:
+    """The trained weights, config and history, each file complete or absent.
+
+    ``save_pretrained`` writes into a temporary directory beside them; its files get the mode a
+    plain ``open()`` would give (safetensors writes owner-only files) and are renamed into
+    ``out`` one by one, the weights last: weights present and no checkpoint left is what
+    ``check_out`` reads as a finished run.
+    """
+    tmp = out / ".final.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    compressor.save_pretrained(tmp)
+    mode = 0o666 & ~atomic.umask()
+    for f in sorted(tmp.iterdir(), key=lambda f: f.name == "model.safetensors"):
+        os.chmod(f, mode)
+        os.replace(f, out / f.name)
+    tmp.rmdir()
+    atomic.write_text(out / "distill_config.json", json.dumps(asdict(cfg), indent=1))
+    atomic.write_text(out / "history.jsonl", "".join(json.dumps(h) + "\n" for h in history))
+
+
 def load_checkpoint(directory: Path, compressor, optimizer) -> tuple[int, list[dict]]:
     ckpt = directory / "checkpoint"
     try:
@@ -530,9 +553,7 @@ def train(
         accelerator.wait_for_everyone()
     else:
         if accelerator.is_main_process:
-            raw.save_pretrained(out)
-            (out / "distill_config.json").write_text(json.dumps(asdict(cfg), indent=1))
-            (out / "history.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+            save_final(out, raw, cfg, history)
             if (out / "checkpoint").exists():
                 shutil.rmtree(out / "checkpoint")
     return raw.eval()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from icl_ssm import atomic
 from icl_ssm.distill import FIELD_HELP, RECIPES, DistillConfig, TrainingDiverged, train
 from icl_ssm.models import load_model
 from icl_ssm.teacher import (
@@ -128,7 +129,7 @@ def run_distill(args: argparse.Namespace) -> int:
     main = accelerator.is_main_process
     if main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "distill_config.json").write_text(json.dumps(asdict(cfg), indent=1))
+        atomic.write_text(out / "distill_config.json", json.dumps(asdict(cfg), indent=1))
     plain = _plain(main)
     with _progress(main) as bar:
         directory = _teacher_targets(model, tokenizer, spec, args.teacher_cache, accelerator, bar)
