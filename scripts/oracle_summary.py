@@ -36,6 +36,7 @@ queries and hurts negative ones) and per subset mean (what selection ranks by).
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -132,8 +133,16 @@ def oracle_features(compressor: SSMCompressor, training: list[str] | None) -> li
         return None
     if training is not None:  # distill: the one compressor it trains
         return training
-    marker = Path(getattr(compressor.config, "_name_or_path", "") or "/nonexistent") / "ORACLE"
-    return parse(marker.read_text().strip()) if marker.is_file() else None
+    if not hasattr(compressor, "_oracle"):  # read the marker once per compressor, not per forward
+        marker = Path(getattr(compressor.config, "_name_or_path", "") or "/nonexistent") / "ORACLE"
+        compressor._oracle = parse(marker.read_text().strip()) if marker.is_file() else None
+    return compressor._oracle
+
+
+@functools.cache
+def projection(features: int, size: int) -> torch.Tensor:
+    """The fixed random map from the label statistics to the state (seed 0, not trained)."""
+    return torch.randn(features, size, generator=torch.Generator().manual_seed(0))
 
 
 def parse(spec: str) -> list[str]:
@@ -161,7 +170,7 @@ def install(model_name: str, task_name: str, training: list[str] | None) -> None
         B = inputs_embeds.shape[0]
         const = self.constant[None].expand(B, -1, -1).to(inputs_embeds.dtype)
         G, N = self.constant.shape
-        proj = torch.randn(len(names), G * N, generator=torch.Generator().manual_seed(0)).to(inputs_embeds)
+        proj = projection(len(names), G * N).to(inputs_embeds)
         f = label_features(inputs_embeds, attention_mask, label_embeds, names)
         return const + (f @ proj).view(B, G, N)
 

@@ -21,15 +21,21 @@ def write_with(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~umask())  # mkstemp creates 0600; give the mode a plain open() would
-        os.replace(tmp, path)
+        move_in(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
 
 
-def umask() -> int:
+def move_in(tmp: str | Path, path: str | Path) -> None:
+    """Rename the finished file ``tmp`` to ``path`` with the mode a plain ``open()`` would give
+    (``mkstemp`` and safetensors create owner-only files)."""
+    os.chmod(tmp, 0o666 & ~_umask())
+    os.replace(tmp, path)
+
+
+def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

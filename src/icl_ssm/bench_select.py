@@ -76,7 +76,7 @@ def select_quality(args: argparse.Namespace) -> dict:
         raise ValueError(f"--also: the names {clash} are taken by the built-in evaluators; choose other names")
     also = {name: load_compressor(path, model.config) for name, path in also_dirs.items()}
     for method in args.methods:
-        name, evaluator = (method.split(":") + ["compressed"])[:2]
+        name, evaluator = _method(method)
         if name == "affinity" and evaluator not in ("compressed", "dense", *also):
             raise ValueError(f"--methods {method!r}: unknown evaluator {evaluator!r}; accepted: compressed, dense"
                              + "".join(f", {a}" for a in also) + " (names from --also NAME=DIR)")
@@ -90,7 +90,7 @@ def select_quality(args: argparse.Namespace) -> dict:
                                 test_size=args.test_size, pool_size=args.pool_size, seed=seed, batch=args.batch,
                                 query_batch=args.query_batch)
             for method in args.methods:
-                name, evaluator = (method.split(":") + ["compressed"])[:2]
+                name, evaluator = _method(method)
                 comp = compressor
                 if evaluator in also:  # another compressor, the same subsets (same seed)
                     cfg = replace(base, method=name, evaluator="compressed", compressor=also_dirs[evaluator])
@@ -114,6 +114,12 @@ def select_quality(args: argparse.Namespace) -> dict:
     return {"model": args.model, "k": args.k, "seeds": args.seeds, "runs": runs, "table": table,
             "agreement": agreement(runs, args.k),
             "settings": {k: getattr(args, k) for k in ("pool_size", "queries", "test_size", "subsets", "estimator")}}
+
+
+def _method(method: str) -> tuple[str, str]:
+    """``METHOD`` or ``affinity:EVALUATOR`` -> (method, evaluator); the evaluator defaults to compressed."""
+    name, _, evaluator = method.partition(":")
+    return name, evaluator or "compressed"
 
 
 def agreement(runs: list[dict], k: int) -> list[dict]:

@@ -387,10 +387,8 @@ def save_final(out: Path, compressor, cfg, history: list[dict]) -> None:
         shutil.rmtree(tmp)
     tmp.mkdir()
     compressor.save_pretrained(tmp)
-    mode = 0o666 & ~atomic.umask()
     for f in sorted(tmp.iterdir(), key=lambda f: f.name == "model.safetensors"):
-        os.chmod(f, mode)
-        os.replace(f, out / f.name)
+        atomic.move_in(f, out / f.name)
     tmp.rmdir()
     atomic.write_text(out / "distill_config.json", json.dumps(asdict(cfg), indent=1))
     atomic.write_text(out / "history.jsonl", "".join(json.dumps(h) + "\n" for h in history))
