@@ -93,6 +93,77 @@ def test_spearman_bootstrap_interval():
         F.spearman_ci(x, y, level=1.5)
 
 
+def planted_losses(seed, S=30, Q=16, noise=3.0):
+    """Per-query losses: a subset effect shared by every path, plus query-by-subset noise."""
+    rng = np.random.default_rng(seed)
+    effect = rng.normal(size=(S, 1))
+    dense = effect + noise * rng.normal(size=(S, Q))
+    return dense, effect + noise * rng.normal(size=(S, Q))  # another path: same effect, its own noise
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bootstrap_spearman_pairs_paths_and_resamples_queries(seed):
+    dense, other = planted_losses(seed)
+    draws = F.bootstrap_spearman(dense, {"same": dense, "again": dense.copy(), "other": other}, seed=seed)
+    assert set(draws) == {"same", "again", "other"} and all(d.shape == (2000,) for d in draws.values())
+    np.testing.assert_allclose(draws["same"], 1.0)
+    np.testing.assert_array_equal(draws["same"] - draws["again"], 0.0)  # the same draws for every path
+    subsets_only = F.bootstrap_spearman(dense, {"other": other}, queries=False, seed=seed)["other"]
+    width = lambda d: np.subtract(*F.interval(d)[::-1])  # noqa: E731
+    # a subset's loss averages 16 noisy queries: which queries were drawn moves the correlation
+    assert width(draws["other"]) > 1.15 * width(subsets_only)
+    lo, hi = F.interval(subsets_only)
+    assert lo < F.spearman(dense.mean(1), other.mean(1)) < hi
+    again = F.bootstrap_spearman(dense, {"other": other}, seed=seed)["other"]
+    np.testing.assert_array_equal(again, draws["other"])  # seeded
+    # one query: resampling queries changes nothing, and the subsets are drawn first
+    one = F.bootstrap_spearman(dense[:, :1], {"o": other[:, :1]}, seed=seed)["o"]
+    np.testing.assert_array_equal(one, F.bootstrap_spearman(dense[:, :1], {"o": other[:, :1]}, queries=False,
+                                                            seed=seed)["o"])
+    with pytest.raises(ValueError, match=r"losses of 'bad' have shape \(30, 3\)"):
+        F.bootstrap_spearman(dense, {"bad": other[:, :3]})
+    with pytest.raises(ValueError, match="needs \\(subsets, queries\\) losses"):
+        F.bootstrap_spearman(dense.mean(1), {})
+
+
+def test_split_half_spearman_measures_how_far_a_ranking_carries_to_other_queries():
+    rng = np.random.default_rng(0)
+    effect = rng.normal(size=(40, 1))
+    assert F.split_half_spearman(effect + 0.01 * rng.normal(size=(40, 8))) > 0.99  # queries agree
+    assert abs(F.split_half_spearman(rng.normal(size=(40, 8)))) < 0.35  # no subset effect
+    rows = np.c_[np.arange(5.0), -np.arange(5.0)]  # the even query ranks up, the odd one down
+    assert F.split_half_spearman(rows) == pytest.approx(-1.0)
+    assert math.isnan(F.split_half_spearman(np.ones((5, 1))))
+    with pytest.raises(ValueError, match="needs \\(subsets, queries\\)"):
+        F.split_half_spearman(np.ones(5))
+
+
+def test_interval_leaves_out_undefined_draws():
+    assert F.interval(np.r_[np.arange(101.0), np.nan]) == pytest.approx((2.5, 97.5))
+    assert all(math.isnan(v) for v in F.interval(np.array([np.nan, np.nan])))
+    with pytest.raises(ValueError, match="level=0"):
+        F.interval(np.ones(3), level=0)
+
+
+def test_paired_spearman_compares_trained_paths_with_the_comparators():
+    dense, other = planted_losses(0)
+    t = lambda x: torch.tensor(x)  # noqa: E731
+    rng = np.random.default_rng(9)
+    losses = {"dense": t(dense), "compressed": t(dense + 0.5 * rng.normal(size=dense.shape)),
+              "control": t(np.ones_like(dense) + 1e-3 * rng.normal(size=dense.shape)), "window": t(other),
+              "copy": t(dense + 0.5 * rng.normal(size=dense.shape))}
+    out = F.paired_spearman(t(dense), losses)
+    assert set(out) == {"compressed-control", "compressed-window", "copy-control", "copy-window",
+                        "copy-compressed"}
+    rho = lambda name: F.spearman(dense.mean(1), losses[name].numpy().mean(1))  # noqa: E731
+    for pair, d in out.items():
+        a, b = pair.split("-")
+        assert d["diff"] == pytest.approx(rho(a) - rho(b))
+        assert d["ci95"][0] <= d["diff"] <= d["ci95"][1] and d["ci95_queries"][0] <= d["ci95_queries"][1]
+    assert out["compressed-control"]["ci95"][0] > 0  # a near-copy of dense beats noise, separably
+    assert F.paired_spearman(t(dense[:2]), {k: v[:2] for k, v in losses.items()}) == {}
+
+
 def test_correlation_of_a_constant_is_nan():
     assert math.isnan(F.spearman([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]))
     assert math.isnan(F.pearson([1.0], [2.0]))
@@ -293,6 +364,28 @@ def test_command_reports_every_metric_in_range(capsys, files):
         rho, reported = F.spearman(per["loss"]["dense"], per["loss"][name]), out[f"{prefix}subset_loss_spearman"]
         assert math.isnan(rho) if reported is None else rho == pytest.approx(reported)
     assert sum(per["acc"]["dense"]) / 5 == pytest.approx(out["acc_dense"])
+    for name, rows in per["query_loss"].items():  # (subsets, queries): each subset's loss is their mean
+        assert np.asarray(rows).shape == (5, 3)
+        np.testing.assert_allclose(np.mean(rows, 1), per["loss"][name], rtol=1e-5)
+    assert set(out["paired"]) == {"compressed-control", "compressed-window"}
+    for prefix, pair in (("control_", "compressed-control"), ("window_", "compressed-window")):
+        a, b = out["subset_loss_spearman"], out[f"{prefix}subset_loss_spearman"]
+        d = out["paired"][pair]
+        assert d["diff"] is None if None in (a, b) else d["diff"] == pytest.approx(a - b)
+        assert len(d["ci95"]) == len(d["ci95_queries"]) == 2
+    assert len(out["subset_loss_spearman_ci95_queries"]) == 2
+    dense = np.asarray(per["query_loss"]["dense"])
+    assert out["dense_split_half_spearman"] == pytest.approx(F.spearman(dense[:, ::2].mean(1), dense[:, 1::2].mean(1)))
+
+
+def test_query_offset_takes_another_query_set_on_the_same_subsets(capsys, files):
+    first = run_json(capsys, *cli_args(files))
+    later = run_json(capsys, *cli_args(files, "--query-offset", "1", "--queries", "2"))
+    assert (later["queries"], later["query_offset"], first["query_offset"]) == (2, 1, 0)
+    assert later["per_subset"]["ids"] == first["per_subset"]["ids"]
+    for name in ("dense", "window"):
+        np.testing.assert_allclose(np.asarray(later["per_subset"]["query_loss"][name]),
+                                   np.asarray(first["per_subset"]["query_loss"][name])[:, 1:], rtol=1e-5)
 
 
 def test_command_without_control_and_determinism(capsys, files):
@@ -331,7 +424,9 @@ def test_command_prints_a_table(capsys, files):
         (["--k", "500"], r"k=500 demonstrations requested but the candidate pool has only \d+"),
         (["--subsets", "0"], "--subsets 0: expected at least 1"),
         (["--queries", "0"], "--queries 0: expected at least 1"),
-        (["--queries", "999"], r"--queries 999: task .* has only \d+ validation examples"),
+        (["--queries", "999"], r"--queries 999 from --query-offset 0: task .* has only \d+ validation examples"),
+        (["--query-offset", "999"], r"--queries 3 from --query-offset 999: task .* has only \d+ validation"),
+        (["--query-offset", "-1"], "--query-offset -1: expected >= 0"),
         (["--control", "COMP"], "is not a control compressor"),
         (["--compressor", "QWEN"], "cannot serve this model: head_dim"),
         (["--compressor", "/nonexistent"], "compressor directory '/nonexistent' does not exist"),

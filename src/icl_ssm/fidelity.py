@@ -143,6 +143,76 @@ def spearman_ci(
     return float(lo), float(hi)
 
 
+def bootstrap_spearman(
+    ref: Tensor | np.ndarray,
+    others: dict[str, Tensor | np.ndarray],
+    *,
+    queries: bool = True,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """Bootstrap draws of each path's subset-loss Spearman with the reference path.
+
+    ``ref`` and every ``others[name]`` are ``(S, Q)`` per-query losses on the same subsets and
+    queries. Each draw resamples the ``S`` subsets and, with ``queries``, the ``Q`` queries
+    too, recomputes every subset's mean loss on the drawn queries and correlates. Every path
+    sees the same draws, so ``draws[a] - draws[b]`` is a paired comparison of two paths.
+
+    Resampling the queries matters: a subset's loss is a mean over a handful of queries, and
+    which queries were drawn can move a compressor's Spearman as much as which subsets were.
+    Returns ``{name: (resamples,) float64}``, NaN where a draw leaves a side constant.
+    """
+    ref = np.asarray(ref, dtype=np.float64)
+    if ref.ndim != 2:
+        raise ValueError(f"bootstrap_spearman needs (subsets, queries) losses, got shape {ref.shape}")
+    S, Q = ref.shape
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, S, size=(resamples, S))
+    weights = np.full((resamples, Q), 1.0 / Q)  # every query once
+    if queries:
+        cols = rng.integers(0, Q, size=(resamples, Q))
+        weights = np.stack([np.bincount(c, minlength=Q) / Q for c in cols])
+
+    def subset_means(x: np.ndarray) -> np.ndarray:  # (resamples, S): drawn subsets, drawn queries
+        return np.einsum("bsq,bq->bs", x[rows], weights)
+
+    ref_means = subset_means(ref)
+    draws = {}
+    for name, x in others.items():
+        x = np.asarray(x, dtype=np.float64)
+        if x.shape != ref.shape:
+            raise ValueError(f"bootstrap_spearman: losses of {name!r} have shape {x.shape}, the reference {ref.shape}")
+        draws[name] = np.array([spearman(a, b) for a, b in zip(ref_means, subset_means(x))])
+    return draws
+
+
+def split_half_spearman(loss: Tensor | np.ndarray) -> float:
+    """Spearman between the subsets' mean losses on the even and on the odd queries.
+
+    ``loss``: ``(S, Q)`` per-query losses of one path. How far one query set's ranking of the
+    subsets carries over to other queries from the task: what selection by any evaluator,
+    dense included, can hope to transfer to a test set. NaN with fewer than 2 queries.
+    """
+    loss = np.asarray(loss, dtype=np.float64)
+    if loss.ndim != 2:
+        raise ValueError(f"split_half_spearman needs (subsets, queries) losses, got shape {loss.shape}")
+    if loss.shape[1] < 2:
+        return math.nan
+    return spearman(loss[:, 0::2].mean(1), loss[:, 1::2].mean(1))
+
+
+def interval(draws: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of bootstrap ``draws``, NaN draws left out; ``(nan, nan)`` if all are."""
+    if not 0 < level < 1:
+        raise ValueError(f"level={level}: expected a coverage between 0 and 1")
+    draws = np.asarray(draws, dtype=np.float64)
+    draws = draws[np.isfinite(draws)]
+    if not len(draws):
+        return math.nan, math.nan
+    lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
 # ----------------------------------------------------------------------------- one path
 
 
@@ -536,9 +606,11 @@ def fidelity_report(dense: PrefixEval, other: PrefixEval, agreement: LogitAgreem
     computed from both evaluations' logits. Keys: ``rel_logit_err``, ``kl``, ``top1_agree``,
     ``label_agree`` (same predicted label; None for generative tasks), ``acc_dense``,
     ``acc_compressed``, ``subset_loss_spearman`` (with ``subset_loss_spearman_ci95``, a
-    bootstrap interval over subsets), ``subset_loss_pearson`` (None when a side is
+    bootstrap interval over subsets, and ``subset_loss_spearman_ci95_queries``, over subsets
+    and queries: the wider and more honest one), ``subset_loss_pearson`` (None when a side is
     constant over the subsets, as a control's is), ``dense_subset_loss_mean``/``_std``,
-    ``dense_subset_acc_min``/``_max``, ``compressed_subset_loss_mean``, ``flops_*`` and
+    ``dense_subset_acc_min``/``_max``, ``dense_split_half_spearman`` (see
+    :func:`split_half_spearman`), ``compressed_subset_loss_mean``, ``flops_*`` and
     ``seconds_*`` (per subset: build its caches and answer all its queries).
     """
     if dense.loss.shape != other.loss.shape:
@@ -551,6 +623,7 @@ def fidelity_report(dense: PrefixEval, other: PrefixEval, agreement: LogitAgreem
     S = dense.rows
     dense_loss, other_loss = dense.subset_loss().numpy(), other.subset_loss().numpy()
     dense_acc = dense.subset_acc()
+    both = bootstrap_spearman(dense.loss, {"other": other.loss})["other"] if S >= 3 else np.array([math.nan])
     return {
         "rel_logit_err": _num(agreement.rel_err.mean()),
         "kl": _num(agreement.kl.mean()),
@@ -560,11 +633,13 @@ def fidelity_report(dense: PrefixEval, other: PrefixEval, agreement: LogitAgreem
         "acc_compressed": _num(other.correct.mean()),
         "subset_loss_spearman": _num(spearman(dense_loss, other_loss)),
         "subset_loss_spearman_ci95": [_num(v) for v in spearman_ci(dense_loss, other_loss)],
+        "subset_loss_spearman_ci95_queries": [_num(v) for v in interval(both)],
         "subset_loss_pearson": _num(pearson(dense_loss, other_loss)),
         "dense_subset_loss_mean": _num(dense_loss.mean()),
         "dense_subset_loss_std": _num(dense_loss.std(ddof=1)) if S > 1 else None,
         "dense_subset_acc_min": _num(dense_acc.min()),
         "dense_subset_acc_max": _num(dense_acc.max()),
+        "dense_split_half_spearman": _num(split_half_spearman(dense.loss)),
         "compressed_subset_loss_mean": _num(other_loss.mean()),
         "flops_dense": dense.cost.flops / S,
         "flops_compressed": other.cost.flops / S,
@@ -578,6 +653,7 @@ _OTHER_KEYS = {
     "rel_logit_err": "rel_logit_err", "kl": "kl", "top1_agree": "top1_agree", "label_agree": "label_agree",
     "acc_compressed": "acc", "subset_loss_spearman": "subset_loss_spearman",
     "subset_loss_spearman_ci95": "subset_loss_spearman_ci95",
+    "subset_loss_spearman_ci95_queries": "subset_loss_spearman_ci95_queries",
     "subset_loss_pearson": "subset_loss_pearson", "compressed_subset_loss_mean": "subset_loss_mean",
     "flops_compressed": "flops", "seconds_compressed": "seconds",
 }  # fmt: skip
@@ -597,6 +673,7 @@ class FidelityConfig:
     control: str | None = None
     subsets: int = 30
     queries: int = 32
+    query_offset: int = 0  # the queries are validation[query_offset : query_offset + queries]
     seed: int = 0
     loss: str = "nll"
     n_window: int | None = None  # default: the compressor's num_virtual + num_recent (the same cache size)
@@ -611,6 +688,8 @@ class FidelityConfig:
             raise ValueError(f"--subsets {self.subsets}: expected at least 1 subset")
         if self.queries < 1:
             raise ValueError(f"--queries {self.queries}: expected at least 1 query")
+        if self.query_offset < 0:
+            raise ValueError(f"--query-offset {self.query_offset}: expected >= 0 (the first validation query used)")
         if self.loss not in LOSSES:
             raise ValueError(f"--loss {self.loss!r}; accepted: {', '.join(LOSSES)}")
         if self.n_window is not None and self.n_window < 0:
@@ -644,10 +723,11 @@ def run_fidelity(
             )
     task = T.get_task(config.task)
     splits = T.split(task, seed=config.seed)
-    if config.queries > len(splits.validation):
-        raise ValueError(f"--queries {config.queries}: task {task.name!r} has only "
-                         f"{len(splits.validation)} validation examples; ask for at most that many")
-    queries = splits.validation[: config.queries]  # the validation split is already shuffled
+    end = config.query_offset + config.queries
+    if end > len(splits.validation):
+        raise ValueError(f"--queries {config.queries} from --query-offset {config.query_offset}: task {task.name!r} "
+                         f"has only {len(splits.validation)} validation examples; ask for at most that many in all")
+    queries = splits.validation[config.query_offset : end]  # the validation split is already shuffled
     rng = np.random.default_rng(config.seed)
     subsets = sample_subsets(splits.pool, config.k, config.subsets, rng)
     builder = P.PromptBuilder.for_model(model, tokenizer, task, chat=config.chat)
@@ -666,6 +746,7 @@ def run_fidelity(
         "k": config.k,
         "subsets": len(subsets),
         "queries": len(queries),
+        "query_offset": config.query_offset,
         "seed": config.seed,
         "loss": config.loss,
         "prompt_tokens_mean": _num(dense.prompt_length.float().mean()),
@@ -687,14 +768,43 @@ def run_fidelity(
             sub = fidelity_report(dense, *results[name])
             report["also"][name] = {"cache_tokens": other.config.cache_length,
                                     **{new: sub[old] for old, new in _OTHER_KEYS.items()}}
-    # per subset, so the rankings can be plotted or re-analysed without rerunning anything
+    report["paired"] = paired_spearman(dense.loss, {name: ev.loss for name, (ev, _) in results.items()})
+    # per subset (and query), so the rankings can be plotted or re-analysed without rerunning anything
     report["per_subset"] = {
         "ids": [list(map(int, subset)) for subset in subsets],
         "loss": {name: [_num(v) for v in results[name][0].subset_loss()] for name in results},
         "acc": {name: [_num(v) for v in results[name][0].subset_acc()] for name in results},
+        "query_loss": {name: [[_num(v) for v in row] for row in results[name][0].loss] for name in results},
     }
     report["config"] = asdict(config)
     return report
+
+
+def paired_spearman(dense: Tensor, losses: dict[str, Tensor], *, resamples: int = 2000, seed: int = 0) -> dict:
+    """Paired bootstrap differences of subset-loss Spearman between the paths of one run.
+
+    ``dense``: the ``(S, Q)`` dense losses; ``losses``: every path's (``dense`` itself is
+    skipped). Each trained path (``compressed`` and the ``also`` ones) is compared with the
+    comparators ``control`` and ``window``, and each ``also`` path with ``compressed``.
+    Returns ``{"A-B": {"diff", "ci95", "ci95_queries"}}``: the Spearman of A minus that of B,
+    and bootstrap intervals of the difference over the same resampled subsets (and queries)
+    for both paths, which are far narrower than comparing the two paths' own intervals.
+    """
+    losses = {name: x for name, x in losses.items() if name != "dense"}
+    if dense.shape[0] < 3:
+        return {}
+    trained = [name for name in losses if name not in ("control", "window")]
+    pairs = [(a, b) for a in trained for b in ("control", "window") if b in losses]
+    pairs += [(a, "compressed") for a in trained if a != "compressed" and "compressed" in losses]
+    rho = {name: spearman(dense.mean(1).numpy(), x.mean(1).numpy()) for name, x in losses.items()}
+    out = {}
+    for key, queries in (("ci95", False), ("ci95_queries", True)):
+        draws = bootstrap_spearman(dense, losses, queries=queries, resamples=resamples, seed=seed)
+        for a, b in pairs:
+            out.setdefault(f"{a}-{b}", {"diff": _num(rho[a] - rho[b])})[key] = [
+                _num(v) for v in interval(draws[a] - draws[b])
+            ]
+    return out
 
 
 def parse_also(items: Sequence[str] | None) -> dict[str, str]:
@@ -713,9 +823,9 @@ def parse_also(items: Sequence[str] | None) -> dict[str, str]:
 def _main(args: argparse.Namespace) -> int:
     config = FidelityConfig(
         model=args.model, task=args.task, k=args.k, compressor=args.compressor, control=args.control,
-        subsets=args.subsets, queries=args.queries, seed=args.seed, loss=args.loss, n_window=args.n_window,
-        also=parse_also(args.also), batch=args.batch, query_batch=args.query_batch, chat=args.chat,
-        device=args.device,
+        subsets=args.subsets, queries=args.queries, query_offset=args.query_offset, seed=args.seed, loss=args.loss,
+        n_window=args.n_window, also=parse_also(args.also), batch=args.batch, query_batch=args.query_batch,
+        chat=args.chat, device=args.device,
     )  # fmt: skip
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -740,8 +850,10 @@ def _main(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title=f"{report['model']} - {report['task']} - k={report['k']} - fidelity", show_header=False)
-    rows = [(k, v) for k, v in report.items() if k not in ("config", "argv", "also", "per_subset")]
+    rows = [(k, v) for k, v in report.items() if k not in ("config", "argv", "also", "per_subset", "paired")]
     rows += [(f"{name}_{k}", v) for name, sub in report.get("also", {}).items() for k, v in sub.items()]
+    rows += [(f"spearman {pair}", f"{d['diff']:+.3f} {d['ci95']} / {d['ci95_queries']}")
+             for pair, d in report["paired"].items() if d["diff"] is not None]
     for key, value in rows:
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     Console().print(table)
@@ -761,6 +873,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--control", help="directory of a control compressor (config control=True) to report beside it")
     p.add_argument("--subsets", type=int, default=30, help="held-out demonstration subsets")
     p.add_argument("--queries", type=int, default=32, help="validation queries per subset")
+    p.add_argument("--query-offset", type=int, default=0,
+                   help="first validation query used: another offset gives another query set on the same subsets")
     p.add_argument("--seed", type=int, default=0, help="splits and subsets")
     p.add_argument("--loss", choices=LOSSES, default="nll",
                    help="per-query loss: gold-verbaliser NLL, or cross-entropy over the label set")
@@ -786,15 +900,19 @@ __all__ = [
     "PrefixEval",
     "answer_logits",
     "answer_logits_ref",
+    "bootstrap_spearman",
     "cache_paths",
     "evaluate_paths",
     "evaluate_prefixes",
     "fidelity_report",
+    "interval",
     "logit_agreement",
     "pad_right",
+    "paired_spearman",
     "pearson",
     "rankdata",
     "sample_subsets",
     "spearman",
     "spearman_ci",
+    "split_half_spearman",
 ]
