@@ -413,6 +413,53 @@ def test_also_evaluates_further_compressors_on_the_same_subsets(capsys, files):
     assert "same_subset_loss_spearman" in capsys.readouterr().out
 
 
+def test_reuse_dense_reads_back_what_an_earlier_run_stored(capsys, files, tmp_cache):
+    first = run_json(capsys, *cli_args(files, "--reuse-dense"))
+    stored = sorted((tmp_cache / "dense").glob("*/*.st"))
+    assert first["dense_reused_subsets"] == 0 and len(stored) == 5  # one file per subset
+    second = run_json(capsys, *cli_args(files, "--reuse-dense"))
+    assert second["dense_reused_subsets"] == 5
+    same = lambda r: {k: v for k, v in r.items() if k not in ("dense_reused_subsets", "argv")  # noqa: E731
+                      and "seconds" not in k}
+    assert same(second) == same(first)
+    assert second["seconds_dense"] == pytest.approx(first["seconds_dense"])  # charged as stored
+    # a killed run keeps the batches it finished; a batch missing a row is computed again
+    stored[0].unlink()
+    third = run_json(capsys, *cli_args(files, "--reuse-dense"))
+    assert 0 < third["dense_reused_subsets"] < 5 and same(third) == same(first)
+    # other queries are other inputs: nothing is reused, a new store is filled beside the first
+    other = run_json(capsys, *cli_args(files, "--reuse-dense", "--query-offset", "1", "--queries", "2"))
+    assert other["dense_reused_subsets"] == 0 and len(list((tmp_cache / "dense").iterdir())) == 2
+
+
+def test_dense_store_is_keyed_by_the_weights_and_refuses_rows_without_logits(llama, coin, tmp_path):
+    model, tokenizer = llama
+    task, splits = coin
+    builder = P.PromptBuilder.for_model(model, tokenizer, task)
+    queries = splits.validation[:2]
+    digest = F.weights_digest(model)
+    store = F.DenseStore(tmp_path, model, builder, queries, "nll")
+    with torch.no_grad():
+        next(model.parameters())[0, 0] += 1.0  # a fine-tune of the same architecture
+        try:
+            assert F.weights_digest(model) != digest
+            assert F.DenseStore(tmp_path, model, builder, queries, "nll").directory != store.directory
+        finally:
+            next(model.parameters())[0, 0] -= 1.0
+    assert F.DenseStore(tmp_path, model, builder, queries, "ce").directory != store.directory
+    assert F.DenseStore(tmp_path, model, builder, queries, "nll").directory == store.directory
+    prefix = builder.build_prefix(splits.pool[:2])
+    ev = F.evaluate_prefixes(model, builder, K.exact_cache(model, *F.pad_right([prefix])), queries)
+    assert store.get([prefix]) is None
+    with pytest.raises(ValueError, match="one evaluated row with logits per prompt"):
+        store.put([prefix], ev.without_logits())
+    store.put([prefix], ev)
+    back = store.get([prefix])
+    torch.testing.assert_close(back.logits, ev.logits)
+    torch.testing.assert_close(back.loss, ev.loss)
+    assert store.reused == 1
+
+
 def test_command_prints_a_table(capsys, files):
     assert main(["fidelity", *cli_args(files, "--subsets", "2")]) == 0
     assert "subset_loss_spearman" in capsys.readouterr().out

@@ -12,6 +12,9 @@ Layout of the cache (``$ICL_SSM_CACHE`` or the platform's user cache dir)::
     <cache>/assets/<name>/<file name of the member>   the extracted, verified file
     <cache>/assets/<name>.lock                        one lock per asset
     <cache>/tmp/                                      downloads in progress
+
+Other modules keep their own stores beside it: ``<cache>/teacher/`` (distillation targets,
+:mod:`icl_ssm.teacher`) and ``<cache>/dense/`` (``fidelity --reuse-dense``).
 """
 
 from __future__ import annotations

@@ -27,11 +27,13 @@ Paper: Zhang et al., "Long-Context Demonstration Selection Using State Space Mod
 from __future__ import annotations
 
 import argparse
+import hashlib
 import inspect
 import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +41,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from icl_ssm import atomic
 from icl_ssm import cache as K
 from icl_ssm import prompts as P
 from icl_ssm import tasks as T
@@ -500,6 +503,86 @@ def evaluate_prefixes(
     )
 
 
+# ----------------------------------------------------------------------------- stored reference
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """Hash of a model's parameter names, shapes, dtypes and 64 values strided through each.
+
+    Cheap (no full pass over the weights) and changed by any fine-tune, unlike a hash of
+    the config alone."""
+    h = hashlib.sha256()
+    for name, param in model.named_parameters():
+        flat = param.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // 64)][:64].double().cpu().numpy()
+        h.update(f"{name}{tuple(param.shape)}{param.dtype}".encode())
+        h.update(sample.tobytes())
+    return h.hexdigest()[:16]
+
+
+class DenseStore:
+    """The dense path's answers, one safetensors file per subset row, reused by later runs.
+
+    A row's file is named by a hash of its prompt tokens and of everything else its answers
+    depend on: the model's config and :func:`weights_digest`, its dtype and device type, every
+    query's tokens and gold answer, the answer lead, the labels and the loss. A run on the same
+    queries reads every row it finds and computes only the rest (the prefill over ``k``
+    demonstrations is most of a fidelity run's time); a killed run keeps the rows it finished.
+    Nothing is ever reused for different inputs: those have another name. Each file is
+    written atomically. A row costs ``4 x vocabulary x queries`` bytes (its logits).
+    """
+
+    def __init__(self, root: str | Path, model: PreTrainedModel, builder: P.PromptBuilder,
+                 queries: Sequence[T.Example], loss: str):
+        task = builder.task
+        blob = {
+            "config": model.config.to_dict(), "weights": weights_digest(model), "dtype": str(model.dtype),
+            "device": model.device.type, "loss": loss, "kind": task.kind,
+            "queries": [[builder.build_suffix(q).input_ids, str(q.target)] for q in queries],
+            "lead": builder.answer_lead(queries),
+            "labels": builder.label_ids() if task.kind == "classification" else None,
+        }
+        for volatile in ("_name_or_path", "transformers_version"):
+            blob["config"].pop(volatile, None)
+        key = hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        self.directory = atomic.prepare_dir(Path(root) / key, "dense store")
+        self.reused = 0  # rows read back so far
+
+    def _path(self, ids: Sequence[int]) -> Path:
+        return self.directory / f"{hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:24]}.st"
+
+    def get(self, prompts: Sequence[P.PromptLike]) -> PrefixEval | None:
+        """The stored answers after every prompt, rows in order, or None if any row is missing."""
+        paths = [self._path(P.as_ids(p)) for p in prompts]
+        if not all(path.exists() for path in paths):
+            return None
+        from safetensors.torch import load_file
+
+        rows = []
+        for path in paths:
+            t = load_file(path)
+            cost = Cost(int(t["flops"]), float(t["seconds"]))
+            rows.append(PrefixEval(t["loss"], t["correct"], t["pred"], t["prompt_length"],
+                                   int(t["cache_length"]), t["logits"], cost))
+        self.reused += len(rows)
+        return PrefixEval.cat(rows)
+
+    def put(self, prompts: Sequence[P.PromptLike], ev: PrefixEval) -> None:
+        """Store ``ev`` (with logits), one file per row; each row is charged an equal share of the cost."""
+        if ev.logits is None or ev.rows != len(prompts):
+            raise ValueError(f"DenseStore.put needs one evaluated row with logits per prompt ({len(prompts)})")
+        from safetensors.torch import save
+
+        for r, prompt in enumerate(prompts):
+            t = {"loss": ev.loss[r : r + 1], "correct": ev.correct[r : r + 1], "pred": ev.pred[r : r + 1],
+                 "prompt_length": ev.prompt_length[r : r + 1], "logits": ev.logits[r : r + 1],
+                 "cache_length": torch.tensor(ev.cache_length),
+                 "flops": torch.tensor(ev.cost.flops // ev.rows), "seconds": torch.tensor(ev.cost.seconds / ev.rows,
+                                                                                         dtype=torch.float64)}
+            data = save({name: v.contiguous().cpu() for name, v in t.items()})
+            atomic.write_with(self._path(P.as_ids(prompt)), lambda f, data=data: f.write(data))
+
+
 # ----------------------------------------------------------------------------- several paths
 
 
@@ -547,6 +630,7 @@ def evaluate_paths(
     batch: int = 4,
     query_batch: int = 16,
     progress: Callable[[int], None] | None = None,
+    store: DenseStore | None = None,
 ) -> dict[str, tuple[PrefixEval, LogitAgreement | None]]:
     """Every prefix (one per subset) through every cache builder, ``batch`` subsets at a time.
 
@@ -554,6 +638,8 @@ def evaluate_paths(
     :class:`LogitAgreement` with the ``reference`` path (None for the reference itself).
     Each path's ``cost`` covers building its caches and answering all queries; the logit
     comparison is not counted. ``progress(n)`` is called after each batch of ``n`` subsets.
+    With a ``store``, the reference path's rows are read from it where present (their cost is
+    the one stored with them) and stored where computed.
     """
     if reference not in paths:
         raise ValueError(f"reference path {reference!r} is not among the paths {', '.join(paths)}")
@@ -567,19 +653,24 @@ def evaluate_paths(
     device = model.device
     with torch.no_grad():  # warm-up: lazily built state (the SSM's powers) is not timed
         ids, mask = pad_right(prefixes[:1], pad_id)
-        for name in order:
+        for name in order[1:] if store is not None else order:
             paths[name](ids.to(device), mask.to(device))
     evals: dict[str, list[PrefixEval]] = {name: [] for name in order}
     agreements: dict[str, list[LogitAgreement]] = {name: [] for name in order}
     for start in range(0, len(prefixes), batch):
-        ids, mask = pad_right(prefixes[start : start + batch], pad_id)  # (B, T) each
+        rows = prefixes[start : start + batch]
+        ids, mask = pad_right(rows, pad_id)  # (B, T) each
         ids, mask = ids.to(device), mask.to(device)
         ref_logits = None
         for name in order:
-            with torch.no_grad(), measure(device) as cost:
-                cache = paths[name](ids, mask)
-                ev = evaluate_prefixes(model, builder, cache, queries, loss=loss, query_batch=query_batch)
-            ev.cost = cost
+            ev = store.get(rows) if store is not None and name == reference else None
+            if ev is None:
+                with torch.no_grad(), measure(device) as cost:
+                    cache = paths[name](ids, mask)
+                    ev = evaluate_prefixes(model, builder, cache, queries, loss=loss, query_batch=query_batch)
+                ev.cost = cost
+                if store is not None and name == reference:
+                    store.put(rows, ev)
             if name == reference:
                 ref_logits = ev.logits
             else:
@@ -680,6 +771,7 @@ class FidelityConfig:
     also: dict[str, str] = field(default_factory=dict)  # name -> another compressor directory, same subsets
     batch: int = 4  # subsets per cache batch
     query_batch: int = 16  # (subset, query) pairs per forward
+    reuse_dense: bool = False  # keep the dense answers in a DenseStore under the cache dir, and reuse them
     chat: bool = False
     device: str = "auto"  # "auto": the GPU when there is one
 
@@ -736,8 +828,13 @@ def run_fidelity(
     paths = cache_paths(model, compressor, control=control, n_window=config.n_window, also=also)
     if on_start is not None:
         on_start(len(prefixes))
+    store = None
+    if config.reuse_dense:
+        from icl_ssm.assets import cache_dir
+
+        store = DenseStore(cache_dir() / "dense", model, builder, queries, config.loss)
     results = evaluate_paths(model, builder, prefixes, queries, paths, loss=config.loss, batch=config.batch,
-                             query_batch=config.query_batch, progress=progress)
+                             query_batch=config.query_batch, progress=progress, store=store)
     dense = results["dense"][0]
     c = compressor.config
     report: dict[str, Any] = {
@@ -756,6 +853,7 @@ def run_fidelity(
         "position": c.position,
         "n_window": c.num_virtual + c.num_recent if config.n_window is None else config.n_window,
         "compressor_control": bool(c.control),
+        "dense_reused_subsets": store.reused if store is not None else 0,  # their flops/seconds are as stored
     }
     report.update(fidelity_report(dense, *results["compressed"]))
     for name in ("control", "window"):
@@ -825,7 +923,7 @@ def _main(args: argparse.Namespace) -> int:
         model=args.model, task=args.task, k=args.k, compressor=args.compressor, control=args.control,
         subsets=args.subsets, queries=args.queries, query_offset=args.query_offset, seed=args.seed, loss=args.loss,
         n_window=args.n_window, also=parse_also(args.also), batch=args.batch, query_batch=args.query_batch,
-        chat=args.chat, device=args.device,
+        reuse_dense=args.reuse_dense, chat=args.chat, device=args.device,
     )  # fmt: skip
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -886,6 +984,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "reported under 'also'")
     p.add_argument("--batch", type=int, default=4, help="subsets per cache batch")
     p.add_argument("--query-batch", type=int, default=16, help="(subset, query) pairs per forward")
+    p.add_argument("--reuse-dense", action="store_true",
+                   help="keep the dense path's answers on disk (under $ICL_SSM_CACHE/dense, 4 bytes x vocabulary "
+                        "per subset and query) and reuse those of earlier runs on the same queries and model")
     p.add_argument("--chat", action="store_true", help="format through the tokenizer's chat template")
     p.add_argument("--device", default="auto", help="'auto' (the GPU when there is one), 'cpu', 'cuda', 'cuda:1', ...")
     p.add_argument("--json", action="store_true", help="print only the JSON report on stdout")
@@ -895,6 +996,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 __all__ = [
     "LOSSES",
     "CacheBuilder",
+    "DenseStore",
     "FidelityConfig",
     "LogitAgreement",
     "PrefixEval",
@@ -915,4 +1017,5 @@ __all__ = [
     "spearman",
     "spearman_ci",
     "split_half_spearman",
+    "weights_digest",
 ]
