@@ -138,6 +138,43 @@ def test_split_half_spearman_measures_how_far_a_ranking_carries_to_other_queries
         F.split_half_spearman(np.ones(5))
 
 
+def label_biased_losses(seed, S=30, Q=24, positive=18):
+    """Subsets that shift answers toward one label: queries of that label gain, the others lose.
+    Beside it every subset has a quality of its own that helps every query alike."""
+    rng = np.random.default_rng(seed)
+    labels = np.r_[np.ones(positive, int), np.zeros(Q - positive, int)]
+    share, quality = rng.normal(size=(S, 1)), rng.normal(size=(S, 1))
+    sign = np.where(labels == 1, -1.0, 1.0)  # a positive shift lowers the loss of positive queries
+    return labels, 6.0 * share * sign + quality + 0.3 * rng.normal(size=(S, Q)), quality[:, 0]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_label_balanced_losses_rank_subsets_by_what_helps_every_label(seed):
+    labels, loss, quality = label_biased_losses(seed)
+    w = F.label_weights(labels)
+    assert w.sum() == pytest.approx(1.0) and w[labels == 1].sum() == pytest.approx(0.5)
+    # the plain mean follows the label mix of the queries drawn (18 of 24 positive): the shift
+    assert F.spearman(loss.mean(1), quality) < 0.6 < F.spearman(loss @ w, quality)
+    assert F.split_half_spearman(loss, labels) > 0.8
+    # even queries mostly of one label, odd ones of the other: the plain halves rank the subsets
+    # in opposite orders, the stratified and balanced halves alike
+    labels12, loss12, _ = label_biased_losses(seed, positive=12)
+    pos, neg = np.flatnonzero(labels12 == 1), np.flatnonzero(labels12 == 0)
+    cols = np.empty(24, int)
+    cols[0::2], cols[1::2] = np.r_[pos[:10], neg[:2]], np.r_[pos[10:], neg[2:]]
+    assert F.split_half_spearman(loss12[:, cols]) < -0.3 and F.split_half_spearman(loss12[:, cols],
+                                                                                   labels12[cols]) > 0.5
+    a, b = F.stratified_halves(labels)
+    assert sorted(np.r_[a, b]) == list(range(24)) and labels[a].sum() == labels[b].sum() == 9
+    lo, hi = F.interval(F.bootstrap_spearman(loss, {"q": np.broadcast_to(quality[:, None], loss.shape)},
+                                             labels=labels)["q"])
+    assert 0.6 < lo <= hi
+    with pytest.raises(ValueError, match="3 labels for 24 queries"):
+        F.bootstrap_spearman(loss, {}, labels=labels[:3])
+    with pytest.raises(ValueError, match="non-empty 1-D array of labels"):
+        F.label_weights([])
+
+
 def test_interval_leaves_out_undefined_draws():
     assert F.interval(np.r_[np.arange(101.0), np.nan]) == pytest.approx((2.5, 97.5))
     assert all(math.isnan(v) for v in F.interval(np.array([np.nan, np.nan])))
@@ -374,6 +411,14 @@ def test_command_reports_every_metric_in_range(capsys, files):
         assert d["diff"] is None if None in (a, b) else d["diff"] == pytest.approx(a - b)
         assert len(d["ci95"]) == len(d["ci95_queries"]) == 2
     assert len(out["subset_loss_spearman_ci95_queries"]) == 2
+    labels = per["query_labels"]  # coin_flip: yes / no
+    assert len(labels) == 3 and set(labels) <= {0, 1}
+    w = F.label_weights(labels)
+    for name, prefix in (("compressed", ""), ("window", "window_")):
+        x, d = np.asarray(per["query_loss"][name]) @ w, np.asarray(per["query_loss"]["dense"]) @ w
+        rho = out[f"{prefix}subset_loss_spearman_balanced"]
+        assert math.isnan(F.spearman(d, x)) if rho is None else rho == pytest.approx(F.spearman(d, x), abs=1e-6)
+    assert "ci95_balanced" in out["paired"]["compressed-window"]
     dense = np.asarray(per["query_loss"]["dense"])
     assert out["dense_split_half_spearman"] == pytest.approx(F.spearman(dense[:, ::2].mean(1), dense[:, 1::2].mean(1)))
 

@@ -151,6 +151,7 @@ def bootstrap_spearman(
     others: dict[str, Tensor | np.ndarray],
     *,
     queries: bool = True,
+    labels: Sequence[int] | np.ndarray | None = None,
     resamples: int = 2000,
     seed: int = 0,
 ) -> dict[str, np.ndarray]:
@@ -163,6 +164,8 @@ def bootstrap_spearman(
 
     Resampling the queries matters: a subset's loss is a mean over a handful of queries, and
     which queries were drawn can move a compressor's Spearman as much as which subsets were.
+    With ``labels`` (one per query) every draw's subset losses are label-balanced over the
+    drawn queries (:func:`label_weights`).
     Returns ``{name: (resamples,) float64}``, NaN where a draw leaves a side constant.
     """
     ref = np.asarray(ref, dtype=np.float64)
@@ -171,10 +174,21 @@ def bootstrap_spearman(
     S, Q = ref.shape
     rng = np.random.default_rng(seed)
     rows = rng.integers(0, S, size=(resamples, S))
-    weights = np.full((resamples, Q), 1.0 / Q)  # every query once
+    counts = np.ones((resamples, Q))  # every query once
     if queries:
-        cols = rng.integers(0, Q, size=(resamples, Q))
-        weights = np.stack([np.bincount(c, minlength=Q) / Q for c in cols])
+        counts = np.stack([np.bincount(c, minlength=Q) for c in rng.integers(0, Q, size=(resamples, Q))]).astype(float)
+    if labels is None:
+        weights = counts / Q
+    else:
+        labels = np.asarray(labels)
+        if labels.shape != (Q,):
+            raise ValueError(f"bootstrap_spearman: {labels.shape[0]} labels for {Q} queries")
+        weights = np.zeros((resamples, Q))
+        for value in np.unique(labels):
+            of = labels == value
+            drawn = counts[:, of].sum(1, keepdims=True)  # queries of this label in each draw
+            weights[:, of] = np.divide(counts[:, of], drawn, out=np.zeros_like(counts[:, of]), where=drawn > 0)
+        weights /= weights.sum(1, keepdims=True)  # each label drawn carries the same weight
 
     def subset_means(x: np.ndarray) -> np.ndarray:  # (resamples, S): drawn subsets, drawn queries
         return np.einsum("bsq,bq->bs", x[rows], weights)
@@ -189,19 +203,52 @@ def bootstrap_spearman(
     return draws
 
 
-def split_half_spearman(loss: Tensor | np.ndarray) -> float:
+def label_weights(labels: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``(Q,)`` query weights summing to 1 that give every label present the same total weight.
+
+    A subset's label balance shifts every answer toward the labels it shows most: queries of
+    that label gain, the others lose. Its plain mean loss therefore moves with the label mix of
+    the queries that happened to be drawn, and on Rotten Tomatoes at k = 50 the subsets' losses
+    on positive and on negative queries rank them in opposite orders (BENCHMARKS.md). Weighted
+    this way, a subset's loss is the mean of its per-label mean losses, as on a balanced test set.
+    """
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or not len(labels):
+        raise ValueError(f"label_weights needs a non-empty 1-D array of labels, got shape {labels.shape}")
+    values, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    return 1.0 / (len(values) * counts[inverse])
+
+
+def stratified_halves(labels: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Query indices split in two, each label's queries alternating between the halves."""
+    labels = np.asarray(labels)
+    first = np.zeros(len(labels), dtype=bool)
+    for value in np.unique(labels):
+        first[np.flatnonzero(labels == value)[0::2]] = True
+    return np.flatnonzero(first), np.flatnonzero(~first)
+
+
+def split_half_spearman(loss: Tensor | np.ndarray, labels: Sequence[int] | np.ndarray | None = None) -> float:
     """Spearman between the subsets' mean losses on the even and on the odd queries.
 
     ``loss``: ``(S, Q)`` per-query losses of one path. How far one query set's ranking of the
     subsets carries over to other queries from the task: what selection by any evaluator,
     dense included, can hope to transfer to a test set. NaN with fewer than 2 queries.
+    With ``labels`` (one per query), the halves are label-stratified and each half's loss is
+    label-balanced (:func:`label_weights`).
     """
     loss = np.asarray(loss, dtype=np.float64)
     if loss.ndim != 2:
         raise ValueError(f"split_half_spearman needs (subsets, queries) losses, got shape {loss.shape}")
     if loss.shape[1] < 2:
         return math.nan
-    return spearman(loss[:, 0::2].mean(1), loss[:, 1::2].mean(1))
+    if labels is None:
+        return spearman(loss[:, 0::2].mean(1), loss[:, 1::2].mean(1))
+    labels = np.asarray(labels)
+    a, b = stratified_halves(labels)
+    if not len(b):
+        return math.nan
+    return spearman(loss[:, a] @ label_weights(labels[a]), loss[:, b] @ label_weights(labels[b]))
 
 
 def interval(draws: np.ndarray, level: float = 0.95) -> tuple[float, float]:
@@ -690,7 +737,12 @@ def _num(value: float | Tensor) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def fidelity_report(dense: PrefixEval, other: PrefixEval, agreement: LogitAgreement | None = None) -> dict:
+def fidelity_report(
+    dense: PrefixEval,
+    other: PrefixEval,
+    agreement: LogitAgreement | None = None,
+    labels: Sequence[int] | None = None,
+) -> dict:
     """Summary of ``other`` against ``dense`` over the same subsets and queries.
 
     ``agreement``: the per-pair logit comparison, if already computed (streamed); else it is
@@ -702,7 +754,10 @@ def fidelity_report(dense: PrefixEval, other: PrefixEval, agreement: LogitAgreem
     constant over the subsets, as a control's is), ``dense_subset_loss_mean``/``_std``,
     ``dense_subset_acc_min``/``_max``, ``dense_split_half_spearman`` (see
     :func:`split_half_spearman`), ``compressed_subset_loss_mean``, ``flops_*`` and
-    ``seconds_*`` (per subset: build its caches and answer all its queries).
+    ``seconds_*`` (per subset: build its caches and answer all its queries). With the queries'
+    gold ``labels`` (classification), also ``subset_loss_spearman_balanced`` and
+    ``dense_split_half_spearman_balanced``: the same with label-balanced subset losses
+    (:func:`label_weights`), which do not move with the label mix of the queries drawn.
     """
     if dense.loss.shape != other.loss.shape:
         raise ValueError(f"evaluations of shape {tuple(dense.loss.shape)} and {tuple(other.loss.shape)} "
@@ -715,7 +770,9 @@ def fidelity_report(dense: PrefixEval, other: PrefixEval, agreement: LogitAgreem
     dense_loss, other_loss = dense.subset_loss().numpy(), other.subset_loss().numpy()
     dense_acc = dense.subset_acc()
     both = bootstrap_spearman(dense.loss, {"other": other.loss})["other"] if S >= 3 else np.array([math.nan])
-    return {
+    balanced = (bootstrap_spearman(dense.loss, {"other": other.loss}, labels=labels)["other"]
+                if S >= 3 and labels is not None else np.array([math.nan]))
+    out = {
         "rel_logit_err": _num(agreement.rel_err.mean()),
         "kl": _num(agreement.kl.mean()),
         "top1_agree": _num(agreement.top1.float().mean()),
@@ -737,6 +794,13 @@ def fidelity_report(dense: PrefixEval, other: PrefixEval, agreement: LogitAgreem
         "seconds_dense": dense.cost.seconds / S,
         "seconds_compressed": other.cost.seconds / S,
     }
+    if labels is not None:
+        w = label_weights(labels)
+        out["subset_loss_spearman_balanced"] = _num(spearman(dense.loss.double().numpy() @ w,
+                                                             other.loss.double().numpy() @ w))
+        out["subset_loss_spearman_balanced_ci95_queries"] = [_num(v) for v in interval(balanced)]
+        out["dense_split_half_spearman_balanced"] = _num(split_half_spearman(dense.loss, labels))
+    return out
 
 
 # keys of fidelity_report that describe the other path, and their names under a prefix
@@ -745,6 +809,8 @@ _OTHER_KEYS = {
     "acc_compressed": "acc", "subset_loss_spearman": "subset_loss_spearman",
     "subset_loss_spearman_ci95": "subset_loss_spearman_ci95",
     "subset_loss_spearman_ci95_queries": "subset_loss_spearman_ci95_queries",
+    "subset_loss_spearman_balanced": "subset_loss_spearman_balanced",
+    "subset_loss_spearman_balanced_ci95_queries": "subset_loss_spearman_balanced_ci95_queries",
     "subset_loss_pearson": "subset_loss_pearson", "compressed_subset_loss_mean": "subset_loss_mean",
     "flops_compressed": "flops", "seconds_compressed": "seconds",
 }  # fmt: skip
@@ -855,30 +921,34 @@ def run_fidelity(
         "compressor_control": bool(c.control),
         "dense_reused_subsets": store.reused if store is not None else 0,  # their flops/seconds are as stored
     }
-    report.update(fidelity_report(dense, *results["compressed"]))
+    labels = [builder.label_index(q) for q in queries] if task.kind == "classification" else None
+    report.update(fidelity_report(dense, *results["compressed"], labels=labels))
     for name in ("control", "window"):
         if name in results:
-            sub = fidelity_report(dense, *results[name])
-            report.update({f"{name}_{new}": sub[old] for old, new in _OTHER_KEYS.items()})
+            sub = fidelity_report(dense, *results[name], labels=labels)
+            report.update({f"{name}_{new}": sub[old] for old, new in _OTHER_KEYS.items() if old in sub})
     if also:
         report["also"] = {}
         for name, other in also.items():
-            sub = fidelity_report(dense, *results[name])
+            sub = fidelity_report(dense, *results[name], labels=labels)
             report["also"][name] = {"cache_tokens": other.config.cache_length,
-                                    **{new: sub[old] for old, new in _OTHER_KEYS.items()}}
-    report["paired"] = paired_spearman(dense.loss, {name: ev.loss for name, (ev, _) in results.items()})
+                                    **{new: sub[old] for old, new in _OTHER_KEYS.items() if old in sub}}
+    report["paired"] = paired_spearman(dense.loss, {name: ev.loss for name, (ev, _) in results.items()},
+                                       labels=labels)
     # per subset (and query), so the rankings can be plotted or re-analysed without rerunning anything
     report["per_subset"] = {
         "ids": [list(map(int, subset)) for subset in subsets],
         "loss": {name: [_num(v) for v in results[name][0].subset_loss()] for name in results},
         "acc": {name: [_num(v) for v in results[name][0].subset_acc()] for name in results},
+        "query_labels": labels,  # each query's gold label index (None for generative tasks)
         "query_loss": {name: [[_num(v) for v in row] for row in results[name][0].loss] for name in results},
     }
     report["config"] = asdict(config)
     return report
 
 
-def paired_spearman(dense: Tensor, losses: dict[str, Tensor], *, resamples: int = 2000, seed: int = 0) -> dict:
+def paired_spearman(dense: Tensor, losses: dict[str, Tensor], *, labels: Sequence[int] | None = None,
+                    resamples: int = 2000, seed: int = 0) -> dict:
     """Paired bootstrap differences of subset-loss Spearman between the paths of one run.
 
     ``dense``: the ``(S, Q)`` dense losses; ``losses``: every path's (``dense`` itself is
@@ -886,7 +956,9 @@ def paired_spearman(dense: Tensor, losses: dict[str, Tensor], *, resamples: int 
     comparators ``control`` and ``window``, and each ``also`` path with ``compressed``.
     Returns ``{"A-B": {"diff", "ci95", "ci95_queries"}}``: the Spearman of A minus that of B,
     and bootstrap intervals of the difference over the same resampled subsets (and queries)
-    for both paths, which are far narrower than comparing the two paths' own intervals.
+    for both paths, which are far narrower than comparing the two paths' own intervals. With
+    ``labels``, also ``diff_balanced`` and ``ci95_balanced`` (subsets and queries resampled) on
+    label-balanced subset losses.
     """
     losses = {name: x for name, x in losses.items() if name != "dense"}
     if dense.shape[0] < 3:
@@ -895,13 +967,18 @@ def paired_spearman(dense: Tensor, losses: dict[str, Tensor], *, resamples: int 
     pairs = [(a, b) for a in trained for b in ("control", "window") if b in losses]
     pairs += [(a, "compressed") for a in trained if a != "compressed" and "compressed" in losses]
     rho = {name: spearman(dense.mean(1).numpy(), x.mean(1).numpy()) for name, x in losses.items()}
-    out = {}
-    for key, queries in (("ci95", False), ("ci95_queries", True)):
-        draws = bootstrap_spearman(dense, losses, queries=queries, resamples=resamples, seed=seed)
+    out = {f"{a}-{b}": {"diff": _num(rho[a] - rho[b])} for a, b in pairs}
+    runs = [("ci95", False, None), ("ci95_queries", True, None)]
+    if labels is not None:
+        w = label_weights(labels)
+        rho = {name: spearman(dense.double().numpy() @ w, x.double().numpy() @ w) for name, x in losses.items()}
         for a, b in pairs:
-            out.setdefault(f"{a}-{b}", {"diff": _num(rho[a] - rho[b])})[key] = [
-                _num(v) for v in interval(draws[a] - draws[b])
-            ]
+            out[f"{a}-{b}"]["diff_balanced"] = _num(rho[a] - rho[b])
+        runs.append(("ci95_balanced", True, labels))
+    for key, queries, weigh in runs:
+        draws = bootstrap_spearman(dense, losses, queries=queries, labels=weigh, resamples=resamples, seed=seed)
+        for a, b in pairs:
+            out[f"{a}-{b}"][key] = [_num(v) for v in interval(draws[a] - draws[b])]
     return out
 
 
@@ -1008,6 +1085,7 @@ __all__ = [
     "evaluate_prefixes",
     "fidelity_report",
     "interval",
+    "label_weights",
     "logit_agreement",
     "pad_right",
     "paired_spearman",
@@ -1017,5 +1095,6 @@ __all__ = [
     "spearman",
     "spearman_ci",
     "split_half_spearman",
+    "stratified_halves",
     "weights_digest",
 ]
