@@ -620,3 +620,36 @@ def test_oracle_targets_explain_a_planted_share_effect():
     assert script.explained(groups(True))["per_query_r2"] > 0.95
     noise = script.explained(groups(False))
     assert noise["per_query_r2"] < 0.05 and noise["points"] == 30 * 4 * 8
+
+
+def test_balanced_script_reads_reports_with_label_balanced_losses(capsys, tmp_path, monkeypatch):
+    """scripts/balanced.py on two planted reports over the same subsets and other queries."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).parents[1] / "scripts" / "balanced.py"
+    spec = importlib.util.spec_from_file_location("balanced", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    files = []
+    for offset, seed in ((0, 0), (24, 1)):
+        labels, dense, quality = label_biased_losses(seed)
+        shift_only = dense - quality[:, None]  # a path that tracks the label shift, not the quality
+        loss = {"dense": dense, "compressed": np.broadcast_to(quality[:, None], dense.shape), "shift": shift_only}
+        report = {"task": "rotten_tomatoes", "seed": 0, "subsets": 30, "queries": 24, "query_offset": offset,
+                  "per_subset": {"ids": [[i] for i in range(30)], "query_labels": labels.tolist(),
+                                 "loss": {k: v.mean(1).tolist() for k, v in loss.items()},
+                                 "query_loss": {k: v.tolist() for k, v in loss.items()}}}
+        files.append(tmp_path / f"r{offset}.json")
+        files[-1].write_text(json.dumps(report))
+    bal = script.balanced_losses(json.loads(files[0].read_text()))
+    labels, dense, quality = label_biased_losses(0)
+    np.testing.assert_allclose(bal["dense"], dense @ F.label_weights(labels))
+    monkeypatch.setattr(sys, "argv", ["balanced.py", *map(str, files), "--rename", f"{files[1]}:shift=shifted"])
+    script.main()
+    out = capsys.readouterr().out
+    rows = {m[0]: (float(m[1]), float(m[2])) for m in re.findall(r"^  (\w+) +plain +(-?[\d.]+) +balanced +(-?[\d.]+)",
+                                                                 out, re.M)}
+    assert rows["compressed"][1] > 0.95 > rows["compressed"][0]  # balanced: the quality alone
+    assert "shifted" in out and re.search(r"compressed +all query sets, balanced +0\.9", out)
+    assert "shift " not in out.split("all query sets")[0].split("r24.json")[1]  # renamed in the second report
