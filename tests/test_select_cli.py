@@ -71,6 +71,14 @@ def test_dense_evaluator_and_ridge(files, capsys):
     assert summary["evaluator"] == "dense" and summary["estimator"] == "ridge" and summary["subsets"] == 16
 
 
+def test_label_balanced_affinity(files, tmp_path, capsys):
+    out = tmp_path / "bal"
+    summary = run_json(capsys, *args(files, "--compressor", files["comp"], "--subsets", "16", "--balance-labels",
+                                     "--out", str(out)))
+    assert len(set(summary["indices"])) == 3
+    assert json.loads((out / "select_config.json").read_text())["balance_labels"] is True
+
+
 def test_bad_input_is_refused(files, tmp_path, capsys):
     assert main(args(files, "--k", "0", "--method", "random")) == 2
     assert "k=0" in capsys.readouterr().err

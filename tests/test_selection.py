@@ -7,10 +7,14 @@ subset; the model tests use a tiny random Llama and a small generated task.
 import numpy as np
 import pytest
 import torch
+from helpers import qa_task
 
+from icl_ssm import cache as K
+from icl_ssm import fidelity as F
 from icl_ssm import selection as S
 from icl_ssm import tasks as T
 from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
+from icl_ssm.fidelity import pad_right
 from icl_ssm.models import tiny_model, tiny_tokenizer
 from icl_ssm.prompts import PromptBuilder
 
@@ -205,6 +209,29 @@ def test_batched_evaluation_equals_one_at_a_time(setup):
     dense = S.CacheEvaluator(model, builder, "dense").evaluate(pool, val, subs)
     np.testing.assert_allclose(per_query.losses, dense.losses, rtol=1e-4, atol=1e-5)
     assert per_query.tokens > dense.tokens  # the prompt is re-read for every query
+
+
+def test_label_balanced_subset_losses_weigh_each_label_alike(setup):
+    model, builder, splits, comp = setup
+    pool = splits.pool[:20]
+    gold = [builder.label_index(q) for q in splits.validation]
+    first = gold[0]
+    # three queries of one label, one of the other: an unbalanced validation set
+    val = [q for q, g in zip(splits.validation, gold) if g == first][:3] + \
+          [next(q for q, g in zip(splits.validation, gold) if g != first)]
+    subs = S.balanced_subsets(20, 3, 5, np.random.default_rng(0))
+    plain = S.CacheEvaluator(model, builder, "dense", batch=5)
+    balanced = S.CacheEvaluator(model, builder, "dense", batch=5, balance_labels=True)
+    ids, mask = pad_right([builder.build_prefix([pool[i] for i in s]) for s in subs])
+    per_query = F.evaluate_prefixes(model, builder, K.exact_cache(model, ids, mask), val).loss.double().numpy()
+    want = per_query[:, :3].mean(1) / 2 + per_query[:, 3] / 2
+    np.testing.assert_allclose(balanced.evaluate(pool, val, subs).losses, want, rtol=1e-5)
+    np.testing.assert_allclose(plain.evaluate(pool, val, subs).losses, per_query.mean(1), rtol=1e-5)
+    assert not np.allclose(want, per_query.mean(1))
+    reference = S.PerQueryDenseEvaluator(model, builder, batch=2, balance_labels=True).evaluate(pool, val, subs)
+    np.testing.assert_allclose(reference.losses, want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="balance_labels needs a classification task"):
+        S.query_weights(PromptBuilder(builder.tokenizer, qa_task()), val, True)
 
 
 def test_affinity_on_compressed_caches_end_to_end(setup):

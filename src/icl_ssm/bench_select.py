@@ -88,7 +88,8 @@ def select_quality(args: argparse.Namespace) -> dict:
             base = SelectConfig(model=args.model, task=task_name, k=args.k, compressor=args.compressor,
                                 subsets=args.subsets, estimator=args.estimator, queries=args.queries,
                                 test_size=args.test_size, pool_size=args.pool_size, seed=seed, batch=args.batch,
-                                query_batch=args.query_batch)
+                                query_batch=args.query_batch,
+                                balance_labels=args.balance_labels and task.kind == "classification")
             for method in args.methods:
                 name, evaluator = _method(method)
                 comp = compressor
@@ -113,7 +114,8 @@ def select_quality(args: argparse.Namespace) -> dict:
             table.setdefault(task_name, {})[method] = (float(np.mean(acc)), float(np.std(acc)))
     return {"model": args.model, "k": args.k, "seeds": args.seeds, "runs": runs, "table": table,
             "agreement": agreement(runs, args.k),
-            "settings": {k: getattr(args, k) for k in ("pool_size", "queries", "test_size", "subsets", "estimator")}}
+            "settings": {k: getattr(args, k) for k in ("pool_size", "queries", "test_size", "subsets", "estimator",
+                                                       "balance_labels")}}
 
 
 def _method(method: str) -> tuple[str, str]:
@@ -323,6 +325,9 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--test-size", type=int, default=200)
     p.add_argument("--subsets", type=int, default=None)
     p.add_argument("--estimator", default="mean", choices=S.ESTIMATORS)
+    p.add_argument("--balance-labels", action="store_true",
+                   help="affinity: a subset's loss is the mean of its per-label mean validation losses "
+                        "(classification tasks)")
     p.set_defaults(func=_run("select-quality", select_quality))
 
     p = kinds.add_parser("estimators", parents=[common], formatter_class=fmt,

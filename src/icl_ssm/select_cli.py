@@ -54,6 +54,7 @@ class SelectConfig:
     loss: str = "nll"
     batch: int = 8
     query_batch: int = 32
+    balance_labels: bool = False  # a subset's loss: the mean of its per-label mean validation losses
     chat: bool = False
 
     def check(self) -> None:
@@ -80,10 +81,11 @@ def make_selector(cfg: SelectConfig, model, builder: P.PromptBuilder, compressor
     """The selector ``cfg.method`` names, wired to ``model`` (and ``compressor``)."""
     if cfg.method == "affinity":
         if cfg.evaluator == "dense-per-query":
-            evaluator: S.SubsetEvaluator = S.PerQueryDenseEvaluator(model, builder, cfg.loss, cfg.batch)
+            evaluator: S.SubsetEvaluator = S.PerQueryDenseEvaluator(model, builder, cfg.loss, cfg.batch,
+                                                                    balance_labels=cfg.balance_labels)
         else:
             evaluator = S.CacheEvaluator(model, builder, cfg.evaluator, compressor, loss=cfg.loss, batch=cfg.batch,
-                                         query_batch=cfg.query_batch)
+                                         query_batch=cfg.query_batch, balance_labels=cfg.balance_labels)
         return S.AffinitySelector(evaluator, subsets=cfg.subsets, estimator=cfg.estimator, coverage=cfg.coverage,
                                   adaptive=cfg.adaptive, eps=cfg.eps, chunk=cfg.batch, progress=progress)
     cls = S.SELECTORS[cfg.method]
@@ -223,6 +225,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loss", default=d.loss, choices=LOSSES, help="per-query loss: gold NLL or label-set CE")
     p.add_argument("--batch", type=int, default=d.batch, help="subsets encoded together")
     p.add_argument("--query-batch", type=int, default=d.query_batch, help="(subset, query) pairs answered together")
+    p.add_argument("--balance-labels", action="store_true",
+                   help="affinity: a subset's loss is the mean of its per-label mean validation losses, so the "
+                        "label mix of the validation queries does not decide (classification tasks)")
     p.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
     p.add_argument("--out", help="directory for selected.jsonl, prompt.txt, summary.json")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")

@@ -46,7 +46,7 @@ from icl_ssm import prompts as P
 from icl_ssm import tasks as T
 from icl_ssm.compressor import SSMCompressor
 from icl_ssm.cost import Cost, measure
-from icl_ssm.fidelity import LOSSES, CacheBuilder, evaluate_prefixes, pad_right
+from icl_ssm.fidelity import LOSSES, CacheBuilder, evaluate_prefixes, label_weights, pad_right
 
 ESTIMATORS = ("mean", "ridge")
 
@@ -174,6 +174,16 @@ class OracleEvaluator(SubsetEvaluator):
         return SubsetLosses(np.array([float(self.fn(list(s))) for s in subsets], dtype=np.float64))
 
 
+def query_weights(builder: P.PromptBuilder, validation: Sequence[T.Example], balance_labels: bool) -> np.ndarray:
+    """``(Q,)`` weights of the validation queries in a subset's loss: uniform, or label-balanced."""
+    if not balance_labels:
+        return np.full(len(validation), 1.0 / len(validation))
+    if builder.task.kind != "classification":
+        raise ValueError(f"balance_labels needs a classification task; task {builder.task.name!r} is "
+                         f"{builder.task.kind!r}")
+    return label_weights([builder.label_index(q) for q in validation])
+
+
 @dataclass
 class CacheEvaluator(SubsetEvaluator):
     """Each subset's prefix turned into a cache, every validation query answered after it.
@@ -183,6 +193,9 @@ class CacheEvaluator(SubsetEvaluator):
     subsets are encoded together (each row its own cache) and ``query_batch`` (subset, query)
     pairs answered together. Tokens counted: the transformer's input tokens (the prompt for
     dense, the sinks for compressed, plus every query suffix); the SSM reads embeddings.
+    ``balance_labels``: a subset's loss is the mean of its per-label mean losses (classification;
+    see :func:`icl_ssm.fidelity.label_weights`), so the label mix of the validation queries does
+    not decide which subsets look best.
     """
 
     model: PreTrainedModel
@@ -192,6 +205,7 @@ class CacheEvaluator(SubsetEvaluator):
     loss: str = "nll"
     batch: int = 8
     query_batch: int = 32
+    balance_labels: bool = False
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -217,6 +231,7 @@ class CacheEvaluator(SubsetEvaluator):
     def evaluate(self, pool, validation, subsets):
         device = self.model.device
         suffix_tokens = sum(len(self.builder.build_suffix(q).input_ids) for q in validation)
+        weights = query_weights(self.builder, validation, self.balance_labels)
         losses, total, tokens = [], Cost(), 0
         for start in range(0, len(subsets), self.batch):
             chunk = subsets[start : start + self.batch]
@@ -225,7 +240,7 @@ class CacheEvaluator(SubsetEvaluator):
                 prefix = self.build(ids.to(device), mask.to(device))
                 ev = evaluate_prefixes(self.model, self.builder, prefix, validation, loss=self.loss,
                                        query_batch=self.query_batch, keep_logits=False)
-            losses.append(ev.subset_loss().double().numpy())
+            losses.append(ev.loss.double().numpy() @ weights)
             total = total + cost
             encoded = int(mask.sum()) if self.cache == "dense" else len(chunk) * getattr(
                 getattr(self.compressor, "config", None), "num_sink", 0)
@@ -243,9 +258,11 @@ class PerQueryDenseEvaluator(SubsetEvaluator):
     builder: P.PromptBuilder
     loss: str = "nll"
     batch: int = 8
+    balance_labels: bool = False
     name: ClassVar[str] = "dense-per-query"
 
     def evaluate(self, pool, validation, subsets):
+        weights = query_weights(self.builder, validation, self.balance_labels)
         losses, total, tokens = [], Cost(), 0
         for s in subsets:
             demos = [pool[i] for i in s]
@@ -253,7 +270,7 @@ class PerQueryDenseEvaluator(SubsetEvaluator):
             with torch.no_grad(), measure(self.model.device) as cost:
                 per_query = P.answer_loss(self.model, self.builder, prompts, list(validation),
                                           normalize=self.loss == "ce", batch_size=self.batch)
-            losses.append(float(per_query.double().mean()))
+            losses.append(float(per_query.double().numpy() @ weights))
             total = total + cost
             tokens += sum(len(p.input_ids) for p in prompts)
         return SubsetLosses(np.array(losses, dtype=np.float64), total, tokens)
