@@ -174,10 +174,11 @@ class OracleEvaluator(SubsetEvaluator):
         return SubsetLosses(np.array([float(self.fn(list(s))) for s in subsets], dtype=np.float64))
 
 
-def query_weights(builder: P.PromptBuilder, validation: Sequence[T.Example], balance_labels: bool) -> np.ndarray:
-    """``(Q,)`` weights of the validation queries in a subset's loss: uniform, or label-balanced."""
+def query_weights(builder: P.PromptBuilder, validation: Sequence[T.Example], balance_labels: bool) -> np.ndarray | None:
+    """``(Q,)`` weights of the validation queries in a subset's loss: label-balanced, or None for
+    the plain mean (taken as the mean itself, so that results do not move in the last bits)."""
     if not balance_labels:
-        return np.full(len(validation), 1.0 / len(validation))
+        return None
     if builder.task.kind != "classification":
         raise ValueError(f"balance_labels needs a classification task; task {builder.task.name!r} is "
                          f"{builder.task.kind!r}")
@@ -240,7 +241,7 @@ class CacheEvaluator(SubsetEvaluator):
                 prefix = self.build(ids.to(device), mask.to(device))
                 ev = evaluate_prefixes(self.model, self.builder, prefix, validation, loss=self.loss,
                                        query_batch=self.query_batch, keep_logits=False)
-            losses.append(ev.loss.double().numpy() @ weights)
+            losses.append(ev.subset_loss().double().numpy() if weights is None else ev.loss.double().numpy() @ weights)
             total = total + cost
             encoded = int(mask.sum()) if self.cache == "dense" else len(chunk) * getattr(
                 getattr(self.compressor, "config", None), "num_sink", 0)
@@ -270,7 +271,7 @@ class PerQueryDenseEvaluator(SubsetEvaluator):
             with torch.no_grad(), measure(self.model.device) as cost:
                 per_query = P.answer_loss(self.model, self.builder, prompts, list(validation),
                                           normalize=self.loss == "ce", batch_size=self.batch)
-            losses.append(float(per_query.double().numpy() @ weights))
+            losses.append(float(per_query.double().mean() if weights is None else per_query.double().numpy() @ weights))
             total = total + cost
             tokens += sum(len(p.input_ids) for p in prompts)
         return SubsetLosses(np.array(losses, dtype=np.float64), total, tokens)
