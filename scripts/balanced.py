@@ -65,7 +65,7 @@ def main() -> None:
             per = reports[args.reports.index(path)]["per_subset"]
             if key in per and old in per[key]:
                 per[key][new] = per[key].pop(old)
-    pooled: list = []  # (query set, {path: balanced losses})
+    by_set: dict[tuple[int, int], dict[str, np.ndarray]] = {}  # (offset, queries) -> {path: balanced losses}
     for path, r in zip(args.reports, reports):
         per, labels = r["per_subset"], query_labels(r)
         print(f"{path}: {r['subsets']} subsets x {r['queries']} queries from {r.get('query_offset', 0)}, "
@@ -79,14 +79,10 @@ def main() -> None:
             if name != "dense":
                 plain = F.spearman(np.asarray(per["loss"]["dense"]), np.asarray(per["loss"][name]))
                 print(f"  {name:20s} plain {plain:6.3f}  balanced {F.spearman(bal['dense'], bal[name]):6.3f}")
-        key = (r.get("query_offset", 0), r["queries"])
-        for other_key, merged in pooled:
-            if other_key == key:  # the same queries: one more report's paths beside the others
-                merged.update({name: v for name, v in bal.items() if name != "dense"})
-                break
-        else:
-            pooled.append((key, bal))
-    pooled = [bal for _, bal in pooled]
+        # reports on the same queries: their paths side by side, the first report's dense path
+        by_set.setdefault((r.get("query_offset", 0), r["queries"]), {"dense": bal["dense"]}).update(
+            {name: v for name, v in bal.items() if name != "dense"})
+    pooled = list(by_set.values())
     if len(pooled) > 1:
         if any(r["per_subset"]["ids"] != reports[0]["per_subset"]["ids"] for r in reports):
             raise ValueError("the reports cover different subsets: pooling needs the same subsets (same --seed, "

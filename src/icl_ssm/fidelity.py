@@ -138,12 +138,7 @@ def spearman_ci(
         return math.nan, math.nan
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, len(x), size=(resamples, len(x)))
-    rhos = np.array([spearman(x[i], y[i]) for i in draws])
-    rhos = rhos[np.isfinite(rhos)]
-    if not len(rhos):
-        return math.nan, math.nan
-    lo, hi = np.quantile(rhos, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
+    return interval(np.array([spearman(x[i], y[i]) for i in draws]), level)
 
 
 def bootstrap_spearman(
@@ -231,9 +226,9 @@ def stratified_halves(labels: Sequence[int] | np.ndarray) -> tuple[np.ndarray, n
 def split_half_spearman(loss: Tensor | np.ndarray, labels: Sequence[int] | np.ndarray | None = None) -> float:
     """Spearman between the subsets' mean losses on the even and on the odd queries.
 
-    ``loss``: ``(S, Q)`` per-query losses of one path. How far one query set's ranking of the
-    subsets carries over to other queries from the task: what selection by any evaluator,
-    dense included, can hope to transfer to a test set. NaN with fewer than 2 queries.
+    ``loss``: ``(S, Q)`` per-query losses of one path. How much of its ranking of the subsets
+    belongs to the subsets rather than to the queries that happened to be drawn, i.e. how far
+    it can carry over to other queries from the task. NaN with fewer than 2 queries.
     With ``labels`` (one per query), the halves are label-stratified and each half's loss is
     label-balanced (:func:`label_weights`).
     """
