@@ -107,6 +107,8 @@ def test_two_processes_select_like_one(files, tmp_path, tmp_cache, capsys):
     assert result.returncode == 0, result.stderr[-2000:]
     two = json.loads(result.stdout)
     assert two["indices"] == one["indices"] and two["subsets"] == 10
+    # the per-query losses are gathered too: the split-half reliability is the one-process value
+    assert one["split_half"] is not None and two["split_half"] == pytest.approx(one["split_half"], abs=1e-6)
     assert json.loads((tmp_path / "two" / "summary.json").read_text())["indices"] == one["indices"]
 
 

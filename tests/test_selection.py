@@ -211,6 +211,47 @@ def test_batched_evaluation_equals_one_at_a_time(setup):
     assert per_query.tokens > dense.tokens  # the prompt is re-read for every query
 
 
+def test_split_half_reads_the_per_query_losses():
+    rng = np.random.default_rng(0)
+    effect = np.linspace(0, 1, 12)[:, None]  # (subsets, 1): the subsets differ, every query sees it
+    steady = S.SubsetLosses(np.zeros(12), query_losses=effect + 0.01 * rng.normal(size=(12, 8)))
+    assert S.split_half(steady) > 0.95
+    # the even queries rank the subsets one way and the odd ones the other: no reliability at all
+    torn = np.concatenate([effect, -effect], 1).repeat(4, 1)[:, [0, 4, 1, 5, 2, 6, 3, 7]]
+    assert S.split_half(S.SubsetLosses(np.zeros(12), query_losses=torn)) == pytest.approx(-1.0)
+    # six queries of label 0 see the subsets' effect, two of label 1 the opposite: the plain halves
+    # (3 + 1 queries each) both follow label 0, the label-balanced halves weigh the two alike
+    labels = np.array([0, 0, 0, 0, 0, 0, 1, 1])
+    mixed = np.where(labels == 0, effect, -effect) + 0.01 * rng.normal(size=(12, 8))
+    assert S.split_half(S.SubsetLosses(np.zeros(12), query_losses=mixed)) > 0.9
+    balanced = S.SubsetLosses(np.zeros(12), query_losses=mixed, query_labels=labels)
+    assert S.split_half(balanced) == F.split_half_spearman(mixed, labels) < 0.9
+    assert np.isnan(S.split_half(S.SubsetLosses(np.zeros(12))))  # an oracle has no per-query losses
+    assert np.isnan(S.split_half(S.SubsetLosses(np.zeros(2), query_losses=np.ones((2, 4)))))
+
+
+def test_evaluators_keep_every_query_loss(setup):
+    model, builder, splits, comp = setup
+    pool, val = splits.pool[:20], splits.validation[:4]
+    subs = S.balanced_subsets(20, 3, 5, np.random.default_rng(0))
+    for ev in (S.CacheEvaluator(model, builder, "compressed", comp, batch=2),
+               S.CacheEvaluator(model, builder, "dense", batch=2, balance_labels=True),
+               S.PerQueryDenseEvaluator(model, builder, batch=2, balance_labels=True)):
+        out = ev.evaluate(pool, val, subs)
+        assert out.query_losses.shape == (5, 4)
+        if out.query_labels is None:
+            np.testing.assert_allclose(out.query_losses.mean(1), out.losses, rtol=1e-6)
+        else:
+            assert out.query_labels.tolist() == [builder.label_index(q) for q in val]
+            np.testing.assert_allclose(out.query_losses @ F.label_weights(out.query_labels), out.losses, rtol=1e-6)
+    sel = S.AffinitySelector(S.CacheEvaluator(model, builder, "dense", batch=4), subsets=12, adaptive=0.25).select(
+        pool, val, 4, np.random.default_rng(0))
+    assert sel.details["split_half"] is not None and -1 <= sel.details["split_half"] <= 1
+    oracle = S.AffinitySelector(S.OracleEvaluator(lambda s: float(sum(s))), subsets=12).select(
+        pool, val, 4, np.random.default_rng(0))
+    assert oracle.details["split_half"] is None
+
+
 def test_label_balanced_subset_losses_weigh_each_label_alike(setup):
     model, builder, splits, comp = setup
     pool = splits.pool[:20]
@@ -231,7 +272,7 @@ def test_label_balanced_subset_losses_weigh_each_label_alike(setup):
     reference = S.PerQueryDenseEvaluator(model, builder, batch=2, balance_labels=True).evaluate(pool, val, subs)
     np.testing.assert_allclose(reference.losses, want, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="balance_labels needs a classification task"):
-        S.query_weights(PromptBuilder(builder.tokenizer, qa_task()), val, True)
+        S.query_labels(PromptBuilder(builder.tokenizer, qa_task()), val, True)
 
 
 def test_affinity_on_compressed_caches_end_to_end(setup):

@@ -135,8 +135,9 @@ def select_demonstrations(
         "model": cfg.model, "task": task.name, "seed": cfg.seed, "pool_size": len(splits.pool),
         "validation_size": len(validation), "test_size": len(test),
     }
-    if "min_coverage" in selection.details:
-        summary["min_coverage"] = selection.details["min_coverage"]
+    for key in ("min_coverage", "split_half"):
+        if key in selection.details:
+            summary[key] = selection.details[key]
     return selection, summary, list(splits.pool)
 
 
@@ -196,6 +197,14 @@ def _main(args: argparse.Namespace) -> int:
     print(f"{cfg.method}: test accuracy {summary['test_accuracy']:.3f} with k={cfg.k} "
           f"({summary['flops'] / 1e12:.3g} TFLOP, {summary['wall_seconds']:.1f} s)"
           + (f"; written to {out}" if out else ""), file=sys.stderr)
+    split = summary.get("split_half")
+    if split is not None:
+        print(f"split-half reliability of the subset losses: {split:.2f} (Spearman between the subsets' losses on "
+              "two halves of the validation queries)", file=sys.stderr)
+        if split <= 0:
+            print("warning: the two halves of the validation set do not agree on which subsets are better, so the "
+                  "affinity scores are mostly noise; use more validation queries (--queries) or --balance-labels",
+                  file=sys.stderr)
     for i in selection.indices:
         print(json.dumps({"id": pool[i].id, "label": pool[i].target, "text": pool[i].input[:100]}))
     return 0

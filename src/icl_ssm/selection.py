@@ -46,7 +46,7 @@ from icl_ssm import prompts as P
 from icl_ssm import tasks as T
 from icl_ssm.compressor import SSMCompressor
 from icl_ssm.cost import Cost, measure
-from icl_ssm.fidelity import LOSSES, CacheBuilder, evaluate_prefixes, label_weights, pad_right
+from icl_ssm.fidelity import LOSSES, CacheBuilder, evaluate_prefixes, label_weights, pad_right, split_half_spearman
 
 ESTIMATORS = ("mean", "ridge")
 
@@ -146,11 +146,19 @@ class RandomSelector(Selector):
 
 @dataclass
 class SubsetLosses:
-    """``losses``: (M,) mean validation loss per subset; cost and transformer tokens spent."""
+    """``losses``: (M,) mean validation loss per subset; cost and transformer tokens spent.
+
+    ``query_losses``: (M, Q) the loss of every validation query after every subset, where the
+    evaluator has them (model evaluators do, oracles do not); ``query_labels``: (Q,) each
+    query's label index when ``losses`` are label-balanced (None for the plain mean). With them
+    :func:`split_half` tells how much of the subsets' ranking the validation set can carry.
+    """
 
     losses: np.ndarray
     cost: Cost = field(default_factory=Cost)
     tokens: int = 0
+    query_losses: np.ndarray | None = None
+    query_labels: np.ndarray | None = None
 
 
 class SubsetEvaluator:
@@ -174,15 +182,31 @@ class OracleEvaluator(SubsetEvaluator):
         return SubsetLosses(np.array([float(self.fn(list(s))) for s in subsets], dtype=np.float64))
 
 
-def query_weights(builder: P.PromptBuilder, validation: Sequence[T.Example], balance_labels: bool) -> np.ndarray | None:
-    """``(Q,)`` weights of the validation queries in a subset's loss: label-balanced, or None for
-    the plain mean (taken as the mean itself, so that results do not move in the last bits)."""
+def query_labels(builder: P.PromptBuilder, validation: Sequence[T.Example], balance_labels: bool) -> np.ndarray | None:
+    """``(Q,)`` label index of each validation query when a subset's loss is label-balanced
+    (weights :func:`icl_ssm.fidelity.label_weights`), None for the plain mean (taken as the mean
+    itself, so that results do not move in the last bits)."""
     if not balance_labels:
         return None
     if builder.task.kind != "classification":
         raise ValueError(f"balance_labels needs a classification task; task {builder.task.name!r} is "
                          f"{builder.task.kind!r}")
-    return label_weights([builder.label_index(q) for q in validation])
+    return np.array([builder.label_index(q) for q in validation])
+
+
+def split_half(result: SubsetLosses) -> float:
+    """Spearman between the subsets' losses on two halves of the validation queries (each
+    label's queries alternating between the halves when the losses are label-balanced).
+
+    Near 1: the validation set ranks the subsets the same way whichever half of it is asked,
+    so the ranking belongs to the subsets; near 0: it is mostly which queries were drawn, and
+    affinity scores built on it select by chance. NaN without per-query losses, with fewer
+    than 2 queries or fewer than 3 subsets.
+    """
+    q = result.query_losses
+    if q is None or q.ndim != 2 or q.shape[0] < 3:
+        return math.nan
+    return split_half_spearman(q, result.query_labels)
 
 
 @dataclass
@@ -232,8 +256,9 @@ class CacheEvaluator(SubsetEvaluator):
     def evaluate(self, pool, validation, subsets):
         device = self.model.device
         suffix_tokens = sum(len(self.builder.build_suffix(q).input_ids) for q in validation)
-        weights = query_weights(self.builder, validation, self.balance_labels)
-        losses, total, tokens = [], Cost(), 0
+        labels = query_labels(self.builder, validation, self.balance_labels)
+        weights = None if labels is None else label_weights(labels)
+        losses, per_query, total, tokens = [], [], Cost(), 0
         for start in range(0, len(subsets), self.batch):
             chunk = subsets[start : start + self.batch]
             ids, mask = pad_right([self.builder.build_prefix([pool[i] for i in s]) for s in chunk])
@@ -242,11 +267,12 @@ class CacheEvaluator(SubsetEvaluator):
                 ev = evaluate_prefixes(self.model, self.builder, prefix, validation, loss=self.loss,
                                        query_batch=self.query_batch, keep_logits=False)
             losses.append(ev.subset_loss().double().numpy() if weights is None else ev.loss.double().numpy() @ weights)
+            per_query.append(ev.loss.double().numpy())
             total = total + cost
             encoded = int(mask.sum()) if self.cache == "dense" else len(chunk) * getattr(
                 getattr(self.compressor, "config", None), "num_sink", 0)
             tokens += encoded + len(chunk) * suffix_tokens
-        return SubsetLosses(np.concatenate(losses), total, tokens)
+        return SubsetLosses(np.concatenate(losses), total, tokens, np.concatenate(per_query), labels)
 
 
 @dataclass
@@ -263,8 +289,9 @@ class PerQueryDenseEvaluator(SubsetEvaluator):
     name: ClassVar[str] = "dense-per-query"
 
     def evaluate(self, pool, validation, subsets):
-        weights = query_weights(self.builder, validation, self.balance_labels)
-        losses, total, tokens = [], Cost(), 0
+        labels = query_labels(self.builder, validation, self.balance_labels)
+        weights = None if labels is None else label_weights(labels)
+        losses, rows, total, tokens = [], [], Cost(), 0
         for s in subsets:
             demos = [pool[i] for i in s]
             prompts = [self.builder.build(demos, q) for q in validation]
@@ -272,9 +299,11 @@ class PerQueryDenseEvaluator(SubsetEvaluator):
                 per_query = P.answer_loss(self.model, self.builder, prompts, list(validation),
                                           normalize=self.loss == "ce", batch_size=self.batch)
             losses.append(float(per_query.double().mean() if weights is None else per_query.double().numpy() @ weights))
+            rows.append(per_query.double().numpy())
             total = total + cost
             tokens += sum(len(p.input_ids) for p in prompts)
-        return SubsetLosses(np.array(losses, dtype=np.float64), total, tokens)
+        per_query_losses = np.stack(rows) if rows else np.zeros((0, len(validation)))
+        return SubsetLosses(np.array(losses, dtype=np.float64), total, tokens, per_query_losses, labels)
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -484,16 +513,14 @@ class AffinitySelector(Selector):
             )
         subsets = balanced_subsets(n, k, first, rng)
         result = self._evaluate(pool, validation, subsets)
-        losses, cost, tokens = result.losses, result.cost, result.tokens
         focus: list[int] = []
         if second:
-            scores, stderr = self.estimate(subsets, losses, n)
+            scores, stderr = self.estimate(subsets, result.losses, n)
             focus = boundary(scores, stderr, k)
             more = focused_subsets(n, k, second, focus, rng)
-            extra = self._evaluate(pool, validation, more)
+            result = concat(result, self._evaluate(pool, validation, more))
             subsets += more
-            losses = np.concatenate([losses, extra.losses])
-            cost, tokens = cost + extra.cost, tokens + extra.tokens
+        losses, cost, tokens = result.losses, result.cost, result.tokens
         scores, _ = self.estimate(subsets, losses, n)
         unseen = np.flatnonzero(~np.isfinite(scores)).tolist()
         counts = indicator(subsets, n).sum(0)
@@ -501,7 +528,7 @@ class AffinitySelector(Selector):
             self.name, top_k(scores, k), scores, cost, tokens, len(subsets), unseen,
             details={"estimator": self.estimator, "evaluator": self.evaluator.name,
                      "min_coverage": int(counts.min()), "rounds": [first, second], "focus": focus,
-                     "subset_losses": losses.tolist()},
+                     "subset_losses": losses.tolist(), "split_half": _num(split_half(result))},
         )
 
     def estimate(self, subsets, losses, n) -> tuple[np.ndarray, np.ndarray]:
@@ -518,21 +545,38 @@ class AffinitySelector(Selector):
             parts.append(self.evaluator.evaluate(pool, validation, [subsets[j] for j in idx]))
             if self.progress is not None:
                 self.progress(len(idx) * world)
-        local = SubsetLosses(
-            np.concatenate([p.losses for p in parts]) if parts else np.zeros(0),
-            sum((p.cost for p in parts), Cost()), sum(p.tokens for p in parts),
-        )
+        local = concat(*parts) if parts else SubsetLosses(np.zeros(0))
         if world == 1:
             return local
         gathered: list[Any] = [None] * world
         torch.distributed.all_gather_object(gathered, (mine, local))
         losses = np.empty(len(subsets))
+        per_query = None if any(p.query_losses is None for _, p in gathered if len(p.losses)) else \
+            np.empty((len(subsets), len(validation)))
         cost, tokens = Cost(), 0
         for positions, part in gathered:
             losses[positions] = part.losses
+            if per_query is not None and len(positions):
+                per_query[positions] = part.query_losses
             cost = Cost(cost.flops + part.cost.flops, max(cost.seconds, part.cost.seconds))
             tokens += part.tokens
-        return SubsetLosses(losses, cost, tokens)
+        labels = next((p.query_labels for _, p in gathered if p.query_labels is not None), None)
+        return SubsetLosses(losses, cost, tokens, per_query, labels)
+
+
+def concat(*parts: SubsetLosses) -> SubsetLosses:
+    """The subsets of ``parts`` in order, costs and tokens summed; per-query losses kept only
+    when every part has them."""
+    per_query = [p.query_losses for p in parts]
+    return SubsetLosses(
+        np.concatenate([p.losses for p in parts]), sum((p.cost for p in parts), Cost()), sum(p.tokens for p in parts),
+        None if any(q is None for q in per_query) else np.concatenate(per_query), parts[0].query_labels,
+    )
+
+
+def _num(value: float) -> float | None:
+    """JSON-friendly: NaN becomes None."""
+    return None if not math.isfinite(value) else float(value)
 
 
 def _process() -> tuple[int, int]:
