@@ -240,6 +240,7 @@ def test_recipes_fill_the_flags_not_given(tmp_cache, tmp_path, capsys):
     assert (measured.num_recent, measured.gate, measured.lambda_rank, measured.stage2_lr) == (16, True, 1.0, 1e-3)
     assert (paper.num_recent, paper.gate, paper.lambda_rank, paper.stage2_lr, paper.stage2_epochs) == (
         0, False, 0.0, 5e-5, 1.0)
+    assert (measured.system, paper.system) == ("scale_invariant", "time_invariant")
     assert D.DistillConfig.recipe("paper", stage2_lr=1e-4).stage2_lr == 1e-4  # explicit values win
     with pytest.raises(ValueError, match="recipe 'best': accepted: measured, paper"):
         D.DistillConfig.recipe("best")
@@ -445,7 +446,7 @@ def test_gated_compressor_trains_its_gates_and_resumes(tmp_cache, tmp_path):
 def test_learned_dt_trains_resumes_and_loads(tmp_cache, tmp_path, capsys):
     from icl_ssm.compressor import load_compressor
 
-    learned = [*SMALL, "--learn-dt", "--dt", "0.01", "--dt-lr", "0.1"]
+    learned = [*SMALL, "--system", "time_invariant", "--learn-dt", "--dt", "0.01", "--dt-lr", "0.1"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert main(["distill", *learned, "--out", str(straight)]) == 0
     log_dt = weights(straight)["ssm.log_dt"]
@@ -463,8 +464,10 @@ def test_learned_dt_trains_resumes_and_loads(tmp_cache, tmp_path, capsys):
     ref = c.states(x)
     c.ssm.impl = "fast"
     assert torch.allclose(c.states(x), ref, atol=1e-4)
-    assert main(["distill", *learned, "--system", "scale_invariant", "--out", str(tmp_path / "bad")]) == 2
-    assert "learn_dt needs system='time_invariant'" in capsys.readouterr().err
+    # the measured recipe's system is scale-invariant: --learn-dt alone is refused, saying what to add
+    assert main(["distill", *SMALL, "--learn-dt", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "learn_dt needs system='time_invariant'" in err and "--system time_invariant" in err
     assert not (tmp_path / "bad").exists()  # refused before anything is written
 
 

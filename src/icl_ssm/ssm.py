@@ -19,7 +19,8 @@ SYSTEMS = ("time_invariant", "scale_invariant")
 
 def check_learn_dt(learn_dt: bool, system: str) -> None:
     if learn_dt and system != "time_invariant":
-        raise ValueError(f"learn_dt needs system='time_invariant' (a scale-invariant scan has no dt), got {system!r}")
+        raise ValueError(f"learn_dt needs system='time_invariant' (a scale-invariant scan has no dt), got {system!r}; "
+                         "pass --system time_invariant with --learn-dt")
 
 
 def check_channels(channels: int, state_size: int) -> None:
