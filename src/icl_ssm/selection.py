@@ -266,8 +266,9 @@ class CacheEvaluator(SubsetEvaluator):
                 prefix = self.build(ids.to(device), mask.to(device))
                 ev = evaluate_prefixes(self.model, self.builder, prefix, validation, loss=self.loss,
                                        query_batch=self.query_batch, keep_logits=False)
-            losses.append(ev.subset_loss().double().numpy() if weights is None else ev.loss.double().numpy() @ weights)
-            per_query.append(ev.loss.double().numpy())
+            q = ev.loss.double().numpy()
+            per_query.append(q)
+            losses.append(ev.subset_loss().double().numpy() if weights is None else q @ weights)
             total = total + cost
             encoded = int(mask.sum()) if self.cache == "dense" else len(chunk) * getattr(
                 getattr(self.compressor, "config", None), "num_sink", 0)
@@ -298,8 +299,9 @@ class PerQueryDenseEvaluator(SubsetEvaluator):
             with torch.no_grad(), measure(self.model.device) as cost:
                 per_query = P.answer_loss(self.model, self.builder, prompts, list(validation),
                                           normalize=self.loss == "ce", batch_size=self.batch)
-            losses.append(float(per_query.double().mean() if weights is None else per_query.double().numpy() @ weights))
-            rows.append(per_query.double().numpy())
+            q = per_query.double()
+            rows.append(q.numpy())
+            losses.append(float(q.mean() if weights is None else q.numpy() @ weights))
             total = total + cost
             tokens += sum(len(p.input_ids) for p in prompts)
         per_query_losses = np.stack(rows) if rows else np.zeros((0, len(validation)))
@@ -522,13 +524,15 @@ class AffinitySelector(Selector):
             subsets += more
         losses, cost, tokens = result.losses, result.cost, result.tokens
         scores, _ = self.estimate(subsets, losses, n)
+        reliability = split_half(result)
         unseen = np.flatnonzero(~np.isfinite(scores)).tolist()
         counts = indicator(subsets, n).sum(0)
         return Selection(
             self.name, top_k(scores, k), scores, cost, tokens, len(subsets), unseen,
             details={"estimator": self.estimator, "evaluator": self.evaluator.name,
                      "min_coverage": int(counts.min()), "rounds": [first, second], "focus": focus,
-                     "subset_losses": losses.tolist(), "split_half": _num(split_half(result))},
+                     "subset_losses": losses.tolist(),
+                     "split_half": reliability if math.isfinite(reliability) else None},
         )
 
     def estimate(self, subsets, losses, n) -> tuple[np.ndarray, np.ndarray]:
@@ -572,11 +576,6 @@ def concat(*parts: SubsetLosses) -> SubsetLosses:
         np.concatenate([p.losses for p in parts]), sum((p.cost for p in parts), Cost()), sum(p.tokens for p in parts),
         None if any(q is None for q in per_query) else np.concatenate(per_query), parts[0].query_labels,
     )
-
-
-def _num(value: float) -> float | None:
-    """JSON-friendly: NaN becomes None."""
-    return None if not math.isfinite(value) else float(value)
 
 
 def _process() -> tuple[int, int]:
