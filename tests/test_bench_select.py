@@ -45,6 +45,8 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
         assert first == {**again, "method": "affinity"}
         runs = [r for r in result["runs"] if r["seed"] == seed and r["method"].startswith("affinity")]
         assert len({len(r["subset_losses"]) for r in runs}) == 1
+        assert all(len(r["query_losses"]) == len(r["subset_losses"]) and len(r["query_losses"][0]) == 3 for r in runs)
+        assert "dense_reliability" in first and "dense_queries_needed" in first
     assert main(["bench", "select-quality", *common, "--tasks", str(data), "--methods", "affinity:nope"]) == 2
     assert "unknown evaluator 'nope'; accepted: compressed, dense" in capsys.readouterr().err
     out = tmp_path / "est.json"

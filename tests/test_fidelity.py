@@ -138,6 +138,34 @@ def test_split_half_spearman_measures_how_far_a_ranking_carries_to_other_queries
         F.split_half_spearman(np.ones(5))
 
 
+
+def test_spearman_brown_projects_the_split_half_to_other_query_counts():
+    assert F.spearman_brown(0.5) == pytest.approx(2 / 3)
+    assert F.spearman_brown(0.35, 4) == pytest.approx(1.4 / 2.05)
+    assert math.isnan(F.spearman_brown(math.nan))
+    # the queries it names reach the target when projected back
+    n = F.queries_for_reliability(0.5, 32, 0.8)
+    assert n == 64 and F.spearman_brown(0.5, n / 16) == pytest.approx(0.8)
+    assert F.queries_for_reliability(0.9, 32, 0.8) <= 16  # already there with one half
+    assert F.queries_for_reliability(0.0, 32) is None and F.queries_for_reliability(-0.2, 32) is None
+    with pytest.raises(ValueError, match="target=1.0"):
+        F.queries_for_reliability(0.5, 32, 1.0)
+    with pytest.raises(ValueError, match="queries=1"):
+        F.queries_for_reliability(0.5, 1)
+
+
+def test_spearman_brown_predicts_the_split_half_of_a_larger_query_set():
+    """Subsets with an effect of their own and noisy queries (noise set so that 16 queries rank
+    400 subsets at about 0.35, as the dense evaluator does at k = 50): the split-half measured on
+    32 queries predicts the one measured on 128 (two halves of 64)."""
+    rng = np.random.default_rng(0)
+    effect = rng.normal(size=(400, 1))
+    loss = effect + 5.45 * rng.normal(size=(400, 128))
+    small = F.split_half_spearman(loss[:, :32])
+    assert 0.2 < small < 0.5
+    assert F.split_half_spearman(loss) == pytest.approx(F.spearman_brown(small, 4), abs=0.1)
+
+
 def label_biased_losses(seed, S=30, Q=24, positive=18):
     """Subsets that shift answers toward one label: queries of that label gain, the others lose.
     Beside it every subset has a quality of its own that helps every query alike."""

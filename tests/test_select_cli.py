@@ -77,6 +77,18 @@ def test_label_balanced_affinity(files, tmp_path, capsys):
                                      "--out", str(out)))
     assert len(set(summary["indices"])) == 3
     assert json.loads((out / "select_config.json").read_text())["balance_labels"] is True
+    assert {"split_half", "reliability", "queries_needed"} <= set(summary)
+
+
+@pytest.mark.parametrize("split, warned", [(0.9, None), (0.35, "about 119 queries"), (-0.2, "mostly noise")])
+def test_reliability_lines_warn_with_the_queries_it_would_take(split, warned):
+    from icl_ssm import selection as S
+    from icl_ssm.select_cli import reliability_lines
+
+    lines = reliability_lines({"validation_size": 32, **S.reliability(split, 32)})
+    assert lines[0].startswith(f"split-half of the subset losses: {split:.2f}")
+    assert (len(lines) == 1) if warned is None else (warned in lines[1])
+    assert reliability_lines({"validation_size": 32, "split_half": None}) == []
 
 
 def test_bad_input_is_refused(files, tmp_path, capsys):

@@ -4,6 +4,8 @@ The oracle tests plant known good demonstrations in a loss that is an exact func
 subset; the model tests use a tiny random Llama and a small generated task.
 """
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -247,9 +249,19 @@ def test_evaluators_keep_every_query_loss(setup):
     sel = S.AffinitySelector(S.CacheEvaluator(model, builder, "dense", batch=4), subsets=12, adaptive=0.25).select(
         pool, val, 4, np.random.default_rng(0))
     assert sel.details["split_half"] is not None and -1 <= sel.details["split_half"] <= 1
+    assert sel.details["reliability"] == pytest.approx(F.spearman_brown(sel.details["split_half"]))
+    assert np.array(sel.details["query_losses"]).shape == (sel.subsets, 4)
     oracle = S.AffinitySelector(S.OracleEvaluator(lambda s: float(sum(s))), subsets=12).select(
         pool, val, 4, np.random.default_rng(0))
-    assert oracle.details["split_half"] is None
+    assert oracle.details["split_half"] is None and oracle.details["queries_needed"] is None
+
+
+def test_reliability_names_the_queries_a_validation_set_needs():
+    half = S.reliability(0.35, 32)
+    assert half["reliability"] == pytest.approx(0.7 / 1.35)
+    assert half["queries_needed"] == F.queries_for_reliability(0.35, 32, S.RELIABILITY_TARGET) > 32
+    assert S.reliability(-0.1, 32)["queries_needed"] is None
+    assert S.reliability(math.nan, 32) == {"split_half": None, "reliability": None, "queries_needed": None}
 
 
 def test_label_balanced_subset_losses_weigh_each_label_alike(setup):

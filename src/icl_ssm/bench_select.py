@@ -105,7 +105,8 @@ def select_quality(args: argparse.Namespace) -> dict:
                              "indices": list(selection.indices),
                              "scores": [float(x) if np.isfinite(x) else None for x in selection.scores],
                              "subset_losses": selection.details.get("subset_losses"),
-                             "split_half": selection.details.get("split_half")})
+                             **{key: selection.details.get(key) for key in
+                                ("split_half", "reliability", "queries_needed", "query_losses", "query_labels")}})
                 _log(f"{task_name} seed {seed} {method}: {summary['test_accuracy']:.3f} "
                      f"({summary['wall_seconds']:.0f} s)")
     table = {}
@@ -149,7 +150,8 @@ def agreement(runs: list[dict], k: int) -> list[dict]:
                         "subset_loss_spearman": float(spearmanr(r["subset_losses"], ref["subset_losses"])[0]),
                         "score_spearman": float(spearmanr(a[both], b[both])[0]),
                         "overlap": len(set(r["indices"]) & set(ref["indices"])), "k": k,
-                        "split_half": r.get("split_half"), "dense_split_half": ref.get("split_half")})
+                        "split_half": r.get("split_half"), "dense_split_half": ref.get("split_half"),
+                        "dense_reliability": ref.get("reliability"), "dense_queries_needed": ref.get("queries_needed")})
     return out
 
 
@@ -268,11 +270,14 @@ def _markdown(kind: str, result: dict) -> str:
         if result.get("agreement"):
             f = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
             lines += ["", "| task | seed | method | subset-loss Spearman vs dense | score Spearman vs dense | "
-                      "chosen in common with dense | split-half: method / dense |",
-                      "|---|---:|---|---:|---:|---:|---:|"]
+                      "chosen in common with dense | split-half: method / dense | dense reliability "
+                      f"(queries for {S.RELIABILITY_TARGET}) |",
+                      "|---|---:|---|---:|---:|---:|---:|---:|"]
             lines += [f"| {a['task']} | {a['seed']} | {a['method']} | {a['subset_loss_spearman']:.2f} | "
                       f"{a['score_spearman']:.2f} | {a['overlap']} / {a['k']} | "
-                      f"{f(a.get('split_half'))} / {f(a.get('dense_split_half'))} |" for a in result["agreement"]]
+                      f"{f(a.get('split_half'))} / {f(a.get('dense_split_half'))} | "
+                      f"{f(a.get('dense_reliability'))} ({a.get('dense_queries_needed') or '—'}) |"
+                      for a in result["agreement"]]
         return "\n".join(lines)
     budgets = sorted({m for c in result["curve"].values() for m in c})
     lines = ["| estimator | " + " | ".join(f"M={m}" for m in budgets) + " | subsets to reach mean@max |",

@@ -246,6 +246,38 @@ def split_half_spearman(loss: Tensor | np.ndarray, labels: Sequence[int] | np.nd
     return spearman(loss[:, a] @ label_weights(labels[a]), loss[:, b] @ label_weights(labels[b]))
 
 
+def spearman_brown(half: float, factor: float = 2.0) -> float:
+    """Reliability of a mean over ``factor`` times the queries of a half whose split-half
+    correlation is ``half``: ``factor * r / (1 + (factor - 1) * r)`` (Spearman-Brown). With the
+    default ``factor=2``, the reliability of the whole validation set's ranking. NaN for a NaN
+    ``half``; the formula assumes exchangeable queries and is read here for rank correlations,
+    as an estimate.
+    """
+    if not math.isfinite(half):
+        return math.nan
+    if factor <= 0:
+        raise ValueError(f"factor={factor}: expected a positive length ratio")
+    return factor * half / (1 + (factor - 1) * half)
+
+
+def queries_for_reliability(half: float, queries: int, target: float = 0.8) -> int | None:
+    """How many validation queries Spearman-Brown predicts a ranking needs to reach reliability
+    ``target``, from the split-half correlation ``half`` measured on ``queries`` queries (two
+    halves of ``queries / 2``). None when ``half <= 0`` (no length reaches it: the queries do not
+    agree on the subsets at all) or is NaN.
+    """
+    if not 0 < target < 1:
+        raise ValueError(f"target={target}: expected a reliability between 0 and 1")
+    if queries < 2:
+        raise ValueError(f"queries={queries}: a split-half needs at least 2 queries")
+    if not math.isfinite(half) or half <= 0:
+        return None
+    if half >= 1:
+        return queries // 2
+    factor = target * (1 - half) / (half * (1 - target))
+    return max(1, math.ceil(factor * queries / 2 - 1e-9))  # an exact multiple is not rounded up by float error
+
+
 def interval(draws: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     """Percentile interval of bootstrap ``draws``, NaN draws left out; ``(nan, nan)`` if all are."""
     if not 0 < level < 1:
@@ -1085,9 +1117,11 @@ __all__ = [
     "pad_right",
     "paired_spearman",
     "pearson",
+    "queries_for_reliability",
     "rankdata",
     "sample_subsets",
     "spearman",
+    "spearman_brown",
     "spearman_ci",
     "split_half_spearman",
     "stratified_halves",

@@ -135,10 +135,30 @@ def select_demonstrations(
         "model": cfg.model, "task": task.name, "seed": cfg.seed, "pool_size": len(splits.pool),
         "validation_size": len(validation), "test_size": len(test),
     }
-    for key in ("min_coverage", "split_half"):
+    for key in ("min_coverage", "split_half", "reliability", "queries_needed"):
         if key in selection.details:
             summary[key] = selection.details[key]
     return selection, summary, list(splits.pool)
+
+
+def reliability_lines(summary: dict) -> list[str]:
+    """What the split-half of the subset losses says, for stderr: its value, the whole validation
+    set's reliability, and a warning with the queries it would take when that is below target."""
+    split = summary.get("split_half")
+    if split is None:
+        return []
+    lines = [f"split-half of the subset losses: {split:.2f} (Spearman between the subsets' losses on two halves of "
+             f"the {summary['validation_size']} validation queries); reliability of the whole set "
+             f"{summary['reliability']:.2f} (Spearman-Brown)"]
+    if split <= 0:
+        lines.append("warning: the two halves of the validation set do not agree on which subsets are better, so "
+                     "the affinity scores are mostly noise; use more validation queries (--queries) or "
+                     "--balance-labels")
+    elif summary["reliability"] < S.RELIABILITY_TARGET:
+        lines.append(f"warning: the validation set orders the subsets with reliability {summary['reliability']:.2f}; "
+                     f"about {summary['queries_needed']} queries (--queries) would give "
+                     f"{S.RELIABILITY_TARGET} (Spearman-Brown)")
+    return lines
 
 
 def selected_rows(pool, indices: list[int], scores: list[float | None]) -> list[dict]:
@@ -197,14 +217,8 @@ def _main(args: argparse.Namespace) -> int:
     print(f"{cfg.method}: test accuracy {summary['test_accuracy']:.3f} with k={cfg.k} "
           f"({summary['flops'] / 1e12:.3g} TFLOP, {summary['wall_seconds']:.1f} s)"
           + (f"; written to {out}" if out else ""), file=sys.stderr)
-    split = summary.get("split_half")
-    if split is not None:
-        print(f"split-half reliability of the subset losses: {split:.2f} (Spearman between the subsets' losses on "
-              "two halves of the validation queries)", file=sys.stderr)
-        if split <= 0:
-            print("warning: the two halves of the validation set do not agree on which subsets are better, so the "
-                  "affinity scores are mostly noise; use more validation queries (--queries) or --balance-labels",
-                  file=sys.stderr)
+    for line in reliability_lines(summary):
+        print(line, file=sys.stderr)
     for i in selection.indices:
         print(json.dumps({"id": pool[i].id, "label": pool[i].target, "text": pool[i].input[:100]}))
     return 0

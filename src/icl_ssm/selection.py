@@ -46,9 +46,20 @@ from icl_ssm import prompts as P
 from icl_ssm import tasks as T
 from icl_ssm.compressor import SSMCompressor
 from icl_ssm.cost import Cost, measure
-from icl_ssm.fidelity import LOSSES, CacheBuilder, evaluate_prefixes, label_weights, pad_right, split_half_spearman
+from icl_ssm.fidelity import (
+    LOSSES,
+    CacheBuilder,
+    evaluate_prefixes,
+    label_weights,
+    pad_right,
+    queries_for_reliability,
+    spearman_brown,
+    split_half_spearman,
+)
 
 ESTIMATORS = ("mean", "ridge")
+# the reliability a validation set should give the subsets' ranking; `select` names the queries it takes
+RELIABILITY_TARGET = 0.8
 
 # ----------------------------------------------------------------------------- the contract
 
@@ -207,6 +218,18 @@ def split_half(result: SubsetLosses) -> float:
     if q is None or q.ndim != 2 or q.shape[0] < 3:
         return math.nan
     return split_half_spearman(q, result.query_labels)
+
+
+def reliability(half: float, queries: int, target: float = RELIABILITY_TARGET) -> dict:
+    """What the split-half ``half`` measured on ``queries`` validation queries says of the
+    subsets' ranking: ``split_half``; ``reliability``, the whole set's (Spearman-Brown); and
+    ``queries_needed``, the queries Spearman-Brown predicts for a reliability of ``target``
+    (None where the halves do not agree at all). All None without a split-half.
+    """
+    if not math.isfinite(half):
+        return {"split_half": None, "reliability": None, "queries_needed": None}
+    return {"split_half": half, "reliability": spearman_brown(half),
+            "queries_needed": queries_for_reliability(half, queries, target)}
 
 
 @dataclass
@@ -524,7 +547,8 @@ class AffinitySelector(Selector):
             subsets += more
         losses, cost, tokens = result.losses, result.cost, result.tokens
         scores, _ = self.estimate(subsets, losses, n)
-        reliability = split_half(result)
+        half = split_half(result)
+        queries = result.query_losses.shape[1] if result.query_losses is not None else 0
         unseen = np.flatnonzero(~np.isfinite(scores)).tolist()
         counts = indicator(subsets, n).sum(0)
         return Selection(
@@ -532,7 +556,9 @@ class AffinitySelector(Selector):
             details={"estimator": self.estimator, "evaluator": self.evaluator.name,
                      "min_coverage": int(counts.min()), "rounds": [first, second], "focus": focus,
                      "subset_losses": losses.tolist(),
-                     "split_half": reliability if math.isfinite(reliability) else None},
+                     **reliability(half, queries),
+                     "query_losses": None if result.query_losses is None else result.query_losses.tolist(),
+                     "query_labels": None if result.query_labels is None else result.query_labels.tolist()},
         )
 
     def estimate(self, subsets, losses, n) -> tuple[np.ndarray, np.ndarray]:
