@@ -1,9 +1,13 @@
 """The selection benchmarks run end to end on a tiny random model (their numbers are not checked)."""
 
 import json
+from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
 
+from icl_ssm import fidelity as F
 from icl_ssm import tasks as T
 from icl_ssm.cli import main
 from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
@@ -89,3 +93,36 @@ def test_agreement_with_the_dense_evaluator():
     assert [(r["method"], r["subset_loss_spearman"], r["overlap"]) for r in rows] == [
         ("affinity", 1.0, 2), ("affinity:x", -1.0, 1)]
     assert rows[0]["score_spearman"] == 1.0 and rows[1]["score_spearman"] == -1.0  # over the 3 scored by both
+
+
+def test_reliability_script_follows_the_split_half_over_query_counts(tmp_path, capsys, monkeypatch):
+    """scripts/reliability.py on a planted report: the dense losses are a subset effect plus
+    query noise, the compressed ones the same effect almost without noise."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).parents[1] / "scripts" / "reliability.py"
+    spec = importlib.util.spec_from_file_location("reliability", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rng = np.random.default_rng(0)
+    effect = rng.normal(size=(200, 1))
+    dense = effect + 3.0 * rng.normal(size=(200, 64))
+    labels = np.tile([0, 1], 32)
+    runs = [{"task": "t", "seed": 0, "method": "affinity:dense", "query_losses": dense.tolist(),
+             "query_labels": labels.tolist()},
+            {"task": "t", "seed": 0, "method": "affinity", "query_losses": (effect + 0.01 * dense).tolist(),
+             "query_labels": labels.tolist()}]
+    rows = script.curve(runs[1], runs[0], [16, 64], base=16)
+    assert rows[0]["vs_dense"] < rows[1]["vs_dense"]  # dense firms up with more queries
+    assert rows[1]["vs_dense"] == pytest.approx(rows[1]["vs_dense_all"])
+    dense_rows = script.curve(runs[0], None, [16, 32, 64], base=16)
+    assert dense_rows[0]["split_half"] < dense_rows[2]["split_half"]
+    assert dense_rows[2]["predicted"] == pytest.approx(F.spearman_brown(dense_rows[0]["split_half"], 4))
+    assert dense_rows[2]["split_half"] == pytest.approx(dense_rows[2]["predicted"], abs=0.15)
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({"runs": runs}))
+    monkeypatch.setattr(sys, "argv", ["reliability.py", str(report), "--counts", "16", "64", "--base", "16"])
+    script.main()
+    out = capsys.readouterr().out
+    assert out.count("| t | 0 | affinity |") == 2 and out.count("| t | 0 | affinity:dense |") == 2
