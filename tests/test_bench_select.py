@@ -9,6 +9,7 @@ import torch
 
 from icl_ssm import fidelity as F
 from icl_ssm import tasks as T
+from icl_ssm.bench_select import tail_run
 from icl_ssm.cli import main
 from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.models import tiny_model
@@ -51,6 +52,18 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
         assert len({len(r["subset_losses"]) for r in runs}) == 1
         assert all(len(r["query_losses"]) == len(r["subset_losses"]) and len(r["query_losses"][0]) == 3 for r in runs)
         assert "dense_reliability" in first and "dense_queries_needed" in first
+    ordered = tmp_path / "order.json"
+    assert main(["bench", "select-order", "--model", "tiny-llama", "--reports", str(out), "--json-out",
+                 str(ordered)]) == 0
+    assert "paired diff vs score" in capsys.readouterr().out
+    order = json.loads(ordered.read_text())
+    assert len(order["rows"]) == 3 * len(result["runs"]) and order["table"]["interleave"]["selections"] == 8
+    assert all(r["reproduced"] for r in order["rows"] if r["order"] == "score")  # the report's own order, rescored
+    assert tail_run(["a", "b", "b"]) == 2 and tail_run(["b"]) == 1
+    assert main(["bench", "select-order", "--model", "tiny-qwen2", "--reports", str(out)]) == 2
+    assert "model 'tiny-qwen2' is expected, found model 'tiny-llama'" in capsys.readouterr().err
+    assert main(["bench", "select-order", "--reports", str(out), "--orders", "best"]) == 2
+    assert "--orders 'best'; accepted" in capsys.readouterr().err
     assert main(["bench", "select-quality", *common, "--tasks", str(data), "--methods", "affinity:nope"]) == 2
     assert "unknown evaluator 'nope'; accepted: compressed, dense" in capsys.readouterr().err
     out = tmp_path / "est.json"

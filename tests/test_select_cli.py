@@ -80,6 +80,25 @@ def test_label_balanced_affinity(files, tmp_path, capsys):
     assert {"split_half", "reliability", "queries_needed"} <= set(summary)
 
 
+def test_order_rearranges_the_same_selection(files, tmp_path, capsys):
+    base = run_json(capsys, *args(files, "--method", "random", "--k", "5"))
+    out = tmp_path / "mixed"
+    mixed = run_json(capsys, *args(files, "--method", "random", "--k", "5", "--order", "interleave", "--out", str(out)))
+    assert base["order"] == "score" and mixed["order"] == "interleave"
+    assert sorted(mixed["indices"]) == sorted(base["indices"])
+    pool = T.split(T.get_task(files["data"]), pool_size=24, seed=0).pool
+    labels = [pool[i].target for i in base["indices"]]
+    from icl_ssm.selection import arrange
+
+    assert mixed["indices"] == arrange(base["indices"], labels, "interleave", None)
+    rows = [json.loads(line) for line in (out / "selected.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == mixed["ids"]  # the files list the prompt order
+    assert json.loads((out / "select_config.json").read_text())["order"] == "interleave"
+    with pytest.raises(SystemExit):
+        main(args(files, "--method", "random", "--order", "best"))
+    assert "invalid choice: 'best'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("split, warned", [(0.9, None), (0.35, "about 119 queries"), (-0.2, "mostly noise")])
 def test_reliability_lines_warn_with_the_queries_it_would_take(split, warned):
     from icl_ssm import selection as S
@@ -105,6 +124,10 @@ def test_bad_input_is_refused(files, tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert main(args(files, "--method", "random", "--out", str(tmp_path / "file"))) == 2
     assert "is a file" in capsys.readouterr().err
+    from icl_ssm.select_cli import SelectConfig
+
+    with pytest.raises(ValueError, match="--order 'best'; accepted: score, interleave, random"):
+        SelectConfig(order="best").check()
 
 
 def test_two_processes_select_like_one(files, tmp_path, tmp_cache, capsys):

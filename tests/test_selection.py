@@ -5,6 +5,7 @@ subset; the model tests use a tiny random Llama and a small generated task.
 """
 
 import math
+from itertools import groupby
 
 import numpy as np
 import pytest
@@ -174,6 +175,24 @@ def test_top_k_orders_best_last_and_skips_nan():
     assert S.top_k(scores, 3) == [3, 4, 2]
     with pytest.raises(ValueError, match="only 4 candidates have a score"):
         S.top_k(scores, 5)
+
+
+def test_arrange_spreads_each_label_and_keeps_the_better_ones_later():
+    idx, labels = list(range(10)), ["neg"] * 3 + ["pos"] * 7  # ascending score: 9 is the best
+    assert S.arrange(idx, labels, "score", np.random.default_rng(0)) == idx
+    mixed = S.arrange(idx, labels, "interleave", np.random.default_rng(0))
+    assert sorted(mixed) == idx and mixed == [3, 0, 4, 5, 1, 6, 7, 8, 2, 9]
+    by_label = {y: [i for i in mixed if labels[i] == y] for y in ("neg", "pos")}
+    assert by_label == {"neg": [0, 1, 2], "pos": [3, 4, 5, 6, 7, 8, 9]}  # within a label: ascending score
+    assert max(len(list(run)) for _, run in groupby(labels[i] for i in mixed)) == 3  # 7 pos among 3 neg
+    assert S.arrange(idx, [str(i) for i in idx], "interleave", np.random.default_rng(0)) == idx  # no label repeats
+    shuffled = S.arrange(idx, labels, "random", np.random.default_rng(0))
+    assert sorted(shuffled) == idx and shuffled != idx
+    assert shuffled == S.arrange(idx, labels, "random", np.random.default_rng(0))
+    with pytest.raises(ValueError, match="order 'best'; accepted: score, interleave, random"):
+        S.arrange(idx, labels, "best", np.random.default_rng(0))
+    with pytest.raises(ValueError, match="9 labels for 10 demonstrations"):
+        S.arrange(idx, labels[:9], "interleave", np.random.default_rng(0))
 
 
 def test_random_selector_is_seeded():

@@ -5,7 +5,9 @@
   full dense prompt per query (the paper's accounting) - at several ``k``, in one run;
 * ``select-quality``: test accuracy of every method over tasks and seeds (mean and std);
 * ``estimators``: test accuracy of the selected set against the number of subsets, for the
-  mean and ridge estimators on one stream of subsets and for adaptive sampling.
+  mean and ridge estimators on one stream of subsets and for adaptive sampling;
+* ``select-order``: the selections of earlier ``select-quality`` reports scored again on the
+  test set in every prompt order of :func:`icl_ssm.selection.arrange`.
 """
 
 from __future__ import annotations
@@ -251,6 +253,71 @@ def estimators_sim(args: argparse.Namespace) -> dict:
             "target": target, "subsets_to_reach_mean_at_max": needed, "metric": "recall of the planted best k"}
 
 
+def tail_run(labels: list[str]) -> int:
+    """How many demonstrations of the last one's label end the prompt."""
+    run = 0
+    for y in reversed(labels):
+        if y != labels[-1]:
+            break
+        run += 1
+    return run
+
+
+def select_order(args: argparse.Namespace) -> dict:
+    """Every selection of the ``--reports`` (``select-quality --json-out`` files) on the test set
+    in each ``--orders`` prompt order; the report's own order is ``score``, whose accuracy must
+    match the report's (``reproduced``)."""
+    import json
+    from pathlib import Path
+
+    for order in args.orders:
+        if order not in S.ORDERS:
+            raise ValueError(f"--orders {order!r}; accepted: {', '.join(S.ORDERS)}")
+    reports = []
+    for path in args.reports:
+        try:
+            reports.append((Path(path).stem, json.loads(Path(path).read_text())))
+        except (OSError, ValueError) as err:
+            raise ValueError(f"--reports {path}: not a readable select-quality report ({err})") from None
+        if reports[-1][1].get("model") != args.model or "runs" not in reports[-1][1]:
+            raise ValueError(f"--reports {path}: a select-quality report of model {args.model!r} is expected, found "
+                             f"model {reports[-1][1].get('model')!r}" + ("" if "runs" in reports[-1][1] else
+                                                                          " without runs"))
+    model, tokenizer = load_model(args.model)
+    rows = []
+    for name, report in reports:
+        settings = report["settings"]
+        for run in report["runs"]:
+            task = T.get_task(run["task"])
+            splits = T.split(task, pool_size=settings["pool_size"], seed=run["seed"])
+            builder = P.PromptBuilder.for_model(model, tokenizer, task)
+            test = splits.test[: settings["test_size"]]
+            labels = [splits.pool[i].target for i in run["indices"]]
+            for order in args.orders:
+                indices = S.arrange(run["indices"], labels, order, np.random.default_rng([run["seed"], 1]))
+                acc = S.evaluate_selection(model, builder, [splits.pool[i] for i in indices], test,
+                                           query_batch=args.query_batch)["accuracy"]
+                row = {"report": name, "task": run["task"], "seed": run["seed"], "method": run["method"],
+                       "order": order, "test_accuracy": acc,
+                       "tail_run": tail_run([splits.pool[i].target for i in indices])}
+                if order == "score":
+                    row["reported"] = run["test_accuracy"]
+                    row["reproduced"] = abs(acc - run["test_accuracy"]) < 1e-6
+                rows.append(row)
+                _log(f"{name} seed {run['seed']} {run['method']} {order}: {acc:.3f} (tail run {row['tail_run']})")
+    table = {}
+    for order in args.orders:
+        acc = np.array([r["test_accuracy"] for r in rows if r["order"] == order])
+        table[order] = {"mean": float(acc.mean()), "std": float(acc.std()), "min": float(acc.min()),
+                        "selections": len(acc)}
+        if order != args.orders[0]:
+            base = np.array([r["test_accuracy"] for r in rows if r["order"] == args.orders[0]])
+            table[order]["paired_diff"] = float((acc - base).mean())
+            table[order]["wins"] = int((acc > base + 1e-9).sum())
+            table[order]["losses"] = int((acc < base - 1e-9).sum())
+    return {"model": args.model, "orders": args.orders, "rows": rows, "table": table}
+
+
 def _markdown(kind: str, result: dict) -> str:
     if kind == "select-cost":
         lines = ["| k | prompt tokens | evaluator | GFLOP / subset | s / subset | FLOPs vs compressed | "
@@ -278,6 +345,16 @@ def _markdown(kind: str, result: dict) -> str:
                       f"{f(a.get('split_half'))} / {f(a.get('dense_split_half'))} | "
                       f"{f(a.get('dense_reliability'))} ({a.get('dense_queries_needed') or '—'}) |"
                       for a in result["agreement"]]
+        return "\n".join(lines)
+    if kind == "select-order":
+        base = result["orders"][0]
+        lines = ["| order | selections | test accuracy (mean ± std) | worst | paired diff vs " + base
+                 + " | better / worse |", "|---|---:|---:|---:|---:|---:|"]
+        for order, t in result["table"].items():
+            diff = "—" if order == base else f"{100 * t['paired_diff']:+.1f}"
+            wins = "—" if order == base else f"{t['wins']} / {t['losses']}"
+            lines.append(f"| {order} | {t['selections']} | {100 * t['mean']:.1f} ± {100 * t['std']:.1f} | "
+                         f"{100 * t['min']:.1f} | {diff} | {wins} |")
         return "\n".join(lines)
     budgets = sorted({m for c in result["curve"].values() for m in c})
     lines = ["| estimator | " + " | ".join(f"M={m}" for m in budgets) + " | subsets to reach mean@max |",
@@ -339,6 +416,15 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
                    help="affinity: a subset's loss is the mean of its per-label mean validation losses "
                         "(classification tasks)")
     p.set_defaults(func=_run("select-quality", select_quality))
+
+    p = kinds.add_parser("select-order", formatter_class=fmt,
+                         help="earlier selections scored again on the test set in each prompt order")
+    p.add_argument("--reports", nargs="+", required=True, help="select-quality --json-out files")
+    p.add_argument("--orders", nargs="+", default=list(S.ORDERS), help="the first is the baseline of the diffs")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--query-batch", type=int, default=32)
+    p.add_argument("--json-out", help="also write the full result as JSON here")
+    p.set_defaults(func=_run("select-order", select_order))
 
     p = kinds.add_parser("estimators", parents=[common], formatter_class=fmt,
                          help="selected-set test accuracy against subsets: mean, ridge, adaptive")

@@ -55,6 +55,7 @@ class SelectConfig:
     batch: int = 8
     query_batch: int = 32
     balance_labels: bool = False  # a subset's loss: the mean of its per-label mean validation losses
+    order: str = "score"  # prompt order of the chosen demonstrations: S.ORDERS
     chat: bool = False
 
     def check(self) -> None:
@@ -64,6 +65,8 @@ class SelectConfig:
             raise ValueError(f"--evaluator {self.evaluator!r}; accepted: {', '.join(EVALUATORS)}")
         if self.estimator not in S.ESTIMATORS:
             raise ValueError(f"--estimator {self.estimator!r}; accepted: {', '.join(S.ESTIMATORS)}")
+        if self.order not in S.ORDERS:
+            raise ValueError(f"--order {self.order!r}; accepted: {', '.join(S.ORDERS)}")
         if self.loss not in LOSSES:
             raise ValueError(f"--loss {self.loss!r}; accepted: {', '.join(LOSSES)}")
         if self.method == "affinity" and self.evaluator == "compressed" and not self.compressor:
@@ -122,6 +125,8 @@ def select_demonstrations(
     t0 = time.perf_counter()
     selection = selector.select(splits.pool, validation, cfg.k, np.random.default_rng(cfg.seed))
     wall = time.perf_counter() - t0
+    labels = [splits.pool[i].target for i in selection.indices]
+    selection.indices = S.arrange(selection.indices, labels, cfg.order, np.random.default_rng([cfg.seed, 1]))
     result = S.evaluate_selection(model, builder, selection.examples(splits.pool), test, loss=cfg.loss,
                                   query_batch=cfg.query_batch)
     summary = {
@@ -130,7 +135,7 @@ def select_demonstrations(
         "test_accuracy": result["accuracy"], "test_loss": result["loss"],
         "flops": selection.cost.flops, "wall_seconds": wall, "subsets": selection.subsets or None,
         "tokens": selection.tokens, "unseen": len(selection.unseen),
-        "evaluator": cfg.evaluator if cfg.method == "affinity" else None,
+        "order": cfg.order, "evaluator": cfg.evaluator if cfg.method == "affinity" else None,
         "estimator": cfg.estimator if cfg.method == "affinity" else None,
         "model": cfg.model, "task": task.name, "seed": cfg.seed, "pool_size": len(splits.pool),
         "validation_size": len(validation), "test_size": len(test),
@@ -251,6 +256,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--balance-labels", action="store_true",
                    help="affinity: a subset's loss is the mean of its per-label mean validation losses, so the "
                         "label mix of the validation queries does not decide (classification tasks)")
+    p.add_argument("--order", default=d.order, choices=S.ORDERS,
+                   help="prompt order of the chosen demonstrations: score (the paper's, best last), interleave "
+                        "(each label spread evenly, better ones later) or random")
     p.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
     p.add_argument("--out", help="directory for selected.jsonl, prompt.txt, summary.json")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")

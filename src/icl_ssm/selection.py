@@ -31,7 +31,7 @@ every process ends with the same selection as one process would.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -58,6 +58,7 @@ from icl_ssm.fidelity import (
 )
 
 ESTIMATORS = ("mean", "ridge")
+ORDERS = ("score", "interleave", "random")  # prompt order of the chosen demonstrations: see arrange()
 # the reliability a validation set should give the subsets' ranking; `select` names the queries it takes
 RELIABILITY_TARGET = 0.8
 
@@ -140,6 +141,33 @@ def top_k(scores: np.ndarray, k: int) -> list[int]:
         raise ValueError(f"only {len(finite)} candidates have a score, fewer than k={k}")
     order = finite[np.lexsort((finite, -scores[finite]))][:k]  # best first, lower index first on ties
     return order[::-1].tolist()
+
+
+def arrange(indices: Sequence[int], labels: Sequence[str], order: str, rng: np.random.Generator) -> list[int]:
+    """The chosen demonstrations ``indices`` (ascending score, best last) put in prompt order.
+
+    ``"score"``: unchanged, the paper's order. ``"interleave"``: each label's demonstrations
+    spread evenly over the prompt, the better ones of a label later, so that no run of one
+    label ends the prompt (a small model tends to answer the last label it saw); the
+    ``j``-th of a label's ``c`` demonstrations sits at ``(j + 1/2) / c`` of the way through,
+    the better score later on ties. With every label distinct it is the score order.
+    ``"random"``: a permutation drawn from ``rng``.
+    """
+    if order not in ORDERS:
+        raise ValueError(f"order {order!r}; accepted: {', '.join(ORDERS)}")
+    if len(labels) != len(indices):
+        raise ValueError(f"{len(labels)} labels for {len(indices)} demonstrations")
+    indices = list(indices)
+    if order == "score":
+        return indices
+    if order == "random":
+        return [indices[i] for i in rng.permutation(len(indices))]
+    rank, count = [], Counter()
+    for y in labels:  # rank[pos]: how many of its label come before it (worse scores)
+        rank.append(count[y])
+        count[y] += 1
+    key = [((j + 0.5) / count[y], pos) for pos, (j, y) in enumerate(zip(rank, labels, strict=True))]
+    return [indices[pos] for _, pos in sorted(key)]
 
 
 @register("random")
