@@ -52,16 +52,22 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
         assert len({len(r["subset_losses"]) for r in runs}) == 1
         assert all(len(r["query_losses"]) == len(r["subset_losses"]) and len(r["query_losses"][0]) == 3 for r in runs)
         assert "dense_reliability" in first and "dense_queries_needed" in first
+    assert result["settings"]["order"] == "score"
     ordered = tmp_path / "order.json"
     assert main(["bench", "select-order", "--model", "tiny-llama", "--reports", str(out), "--json-out",
                  str(ordered)]) == 0
-    assert "paired diff vs score" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "paired diff vs score" in table and "| quality | 1 | affinity:again | " in table
     order = json.loads(ordered.read_text())
     assert len(order["rows"]) == 3 * len(result["runs"]) and order["table"]["interleave"]["selections"] == 8
     assert all(r["reproduced"] for r in order["rows"] if r["order"] == "score")  # the report's own order, rescored
     assert tail_run(["a", "b", "b"]) == 2 and tail_run(["b"]) == 1
     assert main(["bench", "select-order", "--model", "tiny-qwen2", "--reports", str(out)]) == 2
     assert "model 'tiny-qwen2' is expected, found model 'tiny-llama'" in capsys.readouterr().err
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text(json.dumps({**result, "settings": {**result["settings"], "order": "interleave"}}))
+    assert main(["bench", "select-order", "--model", "tiny-llama", "--reports", str(mixed)]) == 2
+    assert "were put in 'interleave' order" in capsys.readouterr().err
     assert main(["bench", "select-order", "--reports", str(out), "--orders", "best"]) == 2
     assert "--orders 'best'; accepted" in capsys.readouterr().err
     assert main(["bench", "select-quality", *common, "--tasks", str(data), "--methods", "affinity:nope"]) == 2

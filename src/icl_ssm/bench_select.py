@@ -90,7 +90,7 @@ def select_quality(args: argparse.Namespace) -> dict:
             base = SelectConfig(model=args.model, task=task_name, k=args.k, compressor=args.compressor,
                                 subsets=args.subsets, estimator=args.estimator, queries=args.queries,
                                 test_size=args.test_size, pool_size=args.pool_size, seed=seed, batch=args.batch,
-                                query_batch=args.query_batch,
+                                query_batch=args.query_batch, order=args.order,
                                 balance_labels=args.balance_labels and task.kind == "classification")
             for method in args.methods:
                 name, evaluator = _method(method)
@@ -119,7 +119,7 @@ def select_quality(args: argparse.Namespace) -> dict:
     return {"model": args.model, "k": args.k, "seeds": args.seeds, "runs": runs, "table": table,
             "agreement": agreement(runs, args.k),
             "settings": {k: getattr(args, k) for k in ("pool_size", "queries", "test_size", "subsets", "estimator",
-                                                       "balance_labels")}}
+                                                       "balance_labels", "order")}}
 
 
 def _method(method: str) -> tuple[str, str]:
@@ -283,6 +283,10 @@ def select_order(args: argparse.Namespace) -> dict:
             raise ValueError(f"--reports {path}: a select-quality report of model {args.model!r} is expected, found "
                              f"model {reports[-1][1].get('model')!r}" + ("" if "runs" in reports[-1][1] else
                                                                           " without runs"))
+        if reports[-1][1]["settings"].get("order", "score") != "score":
+            raise ValueError(f"--reports {path}: its selections were put in {reports[-1][1]['settings']['order']!r} "
+                             "order; select-order rearranges selections in the score order (select-quality "
+                             "--order score)")
     model, tokenizer = load_model(args.model)
     rows = []
     for name, report in reports:
@@ -355,6 +359,15 @@ def _markdown(kind: str, result: dict) -> str:
             wins = "—" if order == base else f"{t['wins']} / {t['losses']}"
             lines.append(f"| {order} | {t['selections']} | {100 * t['mean']:.1f} ± {100 * t['std']:.1f} | "
                          f"{100 * t['min']:.1f} | {diff} | {wins} |")
+        orders = result["orders"]
+        lines += ["", "| report | seed | method | " + " | ".join(f"{o} (tail run)" for o in orders) + " |",
+                  "|---|---:|---|" + "---:|" * len(orders)]
+        cells: dict = {}
+        for r in result["rows"]:
+            cells.setdefault((r["report"], r["seed"], r["method"]), {})[r["order"]] = r
+        for (report, seed, method), by in cells.items():
+            lines.append(f"| {report} | {seed} | {method} | " + " | ".join(
+                f"{100 * by[o]['test_accuracy']:.1f} ({by[o]['tail_run']})" for o in orders) + " |")
         return "\n".join(lines)
     budgets = sorted({m for c in result["curve"].values() for m in c})
     lines = ["| estimator | " + " | ".join(f"M={m}" for m in budgets) + " | subsets to reach mean@max |",
@@ -415,6 +428,7 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--balance-labels", action="store_true",
                    help="affinity: a subset's loss is the mean of its per-label mean validation losses "
                         "(classification tasks)")
+    p.add_argument("--order", default="score", choices=S.ORDERS, help="prompt order of the chosen demonstrations")
     p.set_defaults(func=_run("select-quality", select_quality))
 
     p = kinds.add_parser("select-order", formatter_class=fmt,
