@@ -276,17 +276,16 @@ def select_order(args: argparse.Namespace) -> dict:
     reports = []
     for path in args.reports:
         try:
-            reports.append((Path(path).stem, json.loads(Path(path).read_text())))
+            report = json.loads(Path(path).read_text())
         except (OSError, ValueError) as err:
             raise ValueError(f"--reports {path}: not a readable select-quality report ({err})") from None
-        if reports[-1][1].get("model") != args.model or "runs" not in reports[-1][1]:
+        if report.get("model") != args.model or "runs" not in report:
             raise ValueError(f"--reports {path}: a select-quality report of model {args.model!r} is expected, found "
-                             f"model {reports[-1][1].get('model')!r}" + ("" if "runs" in reports[-1][1] else
-                                                                          " without runs"))
-        if reports[-1][1]["settings"].get("order", "score") != "score":
-            raise ValueError(f"--reports {path}: its selections were put in {reports[-1][1]['settings']['order']!r} "
-                             "order; select-order rearranges selections in the score order (select-quality "
-                             "--order score)")
+                             f"model {report.get('model')!r}" + ("" if "runs" in report else " without runs"))
+        if report["settings"].get("order", "score") != "score":
+            raise ValueError(f"--reports {path}: its selections were put in {report['settings']['order']!r} order; "
+                             "select-order rearranges selections in the score order (select-quality --order score)")
+        reports.append((Path(path).stem, report))
     model, tokenizer = load_model(args.model)
     rows = []
     for name, report in reports:
