@@ -297,7 +297,7 @@ def select_order(args: argparse.Namespace) -> dict:
             test = splits.test[: settings["test_size"]]
             labels = [splits.pool[i].target for i in run["indices"]]
             for order in args.orders:
-                indices = S.arrange(run["indices"], labels, order, np.random.default_rng([run["seed"], 1]))
+                indices = S.arrange(run["indices"], labels, order, S.order_rng(run["seed"]))
                 acc = S.evaluate_selection(model, builder, [splits.pool[i] for i in indices], test,
                                            query_batch=args.query_batch)["accuracy"]
                 row = {"report": name, "task": run["task"], "seed": run["seed"], "method": run["method"],

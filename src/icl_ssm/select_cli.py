@@ -126,7 +126,7 @@ def select_demonstrations(
     selection = selector.select(splits.pool, validation, cfg.k, np.random.default_rng(cfg.seed))
     wall = time.perf_counter() - t0
     labels = [splits.pool[i].target for i in selection.indices]
-    selection.indices = S.arrange(selection.indices, labels, cfg.order, np.random.default_rng([cfg.seed, 1]))
+    selection.indices = S.arrange(selection.indices, labels, cfg.order, S.order_rng(cfg.seed))
     result = S.evaluate_selection(model, builder, selection.examples(splits.pool), test, loss=cfg.loss,
                                   query_batch=cfg.query_batch)
     summary = {

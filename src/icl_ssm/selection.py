@@ -143,6 +143,11 @@ def top_k(scores: np.ndarray, k: int) -> list[int]:
     return order[::-1].tolist()
 
 
+def order_rng(seed: int) -> np.random.Generator:
+    """The generator of ``arrange(..., "random", ...)`` for a run's ``seed``, apart from the selection's own."""
+    return np.random.default_rng([seed, 1])
+
+
 def arrange(indices: Sequence[int], labels: Sequence[str], order: str, rng: np.random.Generator) -> list[int]:
     """The chosen demonstrations ``indices`` (ascending score, best last) put in prompt order.
 
