@@ -8,11 +8,30 @@ import pytest
 import torch
 
 from icl_ssm import fidelity as F
+from icl_ssm import selection as S
 from icl_ssm import tasks as T
-from icl_ssm.bench_select import tail_run
+from icl_ssm.bench_select import order_tables, tail_run
 from icl_ssm.cli import main
 from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.models import tiny_model
+
+
+def test_order_tables_average_the_random_draws_per_selection():
+    rows = [{"report": "r", "seed": seed, "method": m, "order": o, "test_accuracy": a}
+            for seed, m, o, a in [(0, "x", "score", 0.5), (0, "x", "random", 0.6), (0, "x", "random", 0.8),
+                                  (1, "x", "score", 0.7), (1, "x", "random", 0.7), (1, "x", "random", 0.7),
+                                  (0, "y", "score", 0.4), (0, "y", "random", 0.2), (0, "y", "random", 0.4)]]
+    got = order_tables(rows, ["score", "random"])
+    random = got["table"]["random"]
+    assert random["selections"] == 3 and random["draws"] == 2
+    assert random["mean"] == pytest.approx((0.7 + 0.7 + 0.3) / 3)
+    assert random["within_std"] == pytest.approx((0.1 + 0.0 + 0.1) / 3)
+    assert random["paired_diff"] == pytest.approx((0.2 + 0.0 - 0.1) / 3)
+    assert (random["wins"], random["losses"]) == (1, 1)
+    assert "draws" not in got["table"]["score"]
+    x = got["methods"]["r"]["x"]
+    assert x["score"] == pytest.approx({"mean": 0.6, "std": 0.1, "seeds": 2})
+    assert x["random"]["mean"] == pytest.approx(0.7) and got["methods"]["r"]["y"]["random"]["seeds"] == 1
 
 
 def test_selection_benchmarks_produce_tables(tmp_path, capsys):
@@ -62,6 +81,19 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
     assert len(order["rows"]) == 3 * len(result["runs"]) and order["table"]["interleave"]["selections"] == 8
     assert all(r["reproduced"] for r in order["rows"] if r["order"] == "score")  # the report's own order, rescored
     assert tail_run(["a", "b", "b"]) == 2 and tail_run(["b"]) == 1
+    assert main(["bench", "select-order", "--model", "tiny-llama", "--reports", str(out), "--orders", "score",
+                 "random", "--permutations", "3", "--json-out", str(ordered)]) == 0
+    assert "| random | 8 |" in capsys.readouterr().out
+    order = json.loads(ordered.read_text())
+    assert len(order["rows"]) == 4 * len(result["runs"]) and order["table"]["random"]["draws"] == 3
+    for run in result["runs"]:
+        drawn = [r["indices"] for r in order["rows"] if r["order"] == "random" and r["seed"] == run["seed"]
+                 and r["method"] == run["method"]]
+        assert len(drawn) == 3 and all(sorted(d) == sorted(run["indices"]) for d in drawn)
+        # the first draw is `select --order random`'s; later draws continue the same generator
+        assert drawn[0] == S.arrange(run["indices"], [""] * len(run["indices"]), "random", S.order_rng(run["seed"]))
+    assert main(["bench", "select-order", "--reports", str(out), "--permutations", "0"]) == 2
+    assert "--permutations 0; expected >= 1" in capsys.readouterr().err
     assert main(["bench", "select-order", "--model", "tiny-qwen2", "--reports", str(out)]) == 2
     assert "model 'tiny-qwen2' is expected, found model 'tiny-llama'" in capsys.readouterr().err
     mixed = tmp_path / "mixed.json"

@@ -267,6 +267,42 @@ def test_answer_logits_fast_matches_reference(llama, coin):
     torch.testing.assert_close(fast, F.answer_logits_ref(model, cache, suffixes, rows), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("gated", [False, True], ids=["exact", "gated-compressed"])
+def test_packed_answer_logits_match_reference(llama, coin, gated):
+    """Suffixes of unequal length, rows out of order and repeated, a gated prefix's bias: the
+    packed read (one sequence per prefix row) equals one unpadded forward per pair."""
+    model, _ = llama
+    builder, _, prefixes = _prefixes(llama, *coin)
+    ids, mask = F.pad_right(prefixes)
+    if gated:
+        config = SSMCompressorConfig.for_teacher(model.config, **SMALL, num_recent=2, gate=True, gate_init=-1.0)
+        cache = K.compressed_cache(model, SSMCompressor(config).eval(), ids, mask)
+        assert cache.bias is not None
+    else:
+        cache = K.exact_cache(model, ids, mask)
+    suffixes = [builder.build_suffix(q).input_ids for q in coin[1].validation[:5]]
+    suffixes[1] = suffixes[1][:3]  # lengths differ within a packed row
+    rows = [2, 0, 2, 1, 2]
+    packed = F.answer_logits_packed(model, cache, suffixes, rows)
+    assert packed.shape == (5, model.config.vocab_size)
+    torch.testing.assert_close(packed, F.answer_logits_ref(model, cache, suffixes, rows), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="suffix 1 is empty"):
+        F.answer_logits_packed(model, cache, [suffixes[0], []], [0, 1])
+
+
+def test_evaluate_prefixes_packed_equals_batched(llama, coin):
+    model, _ = llama
+    builder, _, prefixes = _prefixes(llama, *coin)
+    ids, mask = F.pad_right(prefixes)
+    cache = K.exact_cache(model, ids, mask)
+    queries = coin[1].validation[:6]
+    batched = F.evaluate_prefixes(model, builder, cache, queries, query_batch=4)
+    packed = F.evaluate_prefixes(model, builder, cache, queries, query_batch=4, pack=True)
+    torch.testing.assert_close(packed.logits, batched.logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(packed.loss, batched.loss, atol=1e-4, rtol=1e-4)
+    assert torch.equal(packed.pred, batched.pred)
+
+
 def test_logits_are_compared_where_numeric_answers_differ(llama):
     """modular_addition's answers all start with a space token: the logits compared are the
     next position's, after the query and that shared space."""

@@ -266,13 +266,17 @@ def tail_run(labels: list[str]) -> int:
 def select_order(args: argparse.Namespace) -> dict:
     """Every selection of the ``--reports`` (``select-quality --json-out`` files) on the test set
     in each ``--orders`` prompt order; the report's own order is ``score``, whose accuracy must
-    match the report's (``reproduced``)."""
+    match the report's (``reproduced``). The ``random`` order is drawn ``--permutations`` times
+    (the first is ``select --order random``'s): their mean is the selection's accuracy with the
+    order averaged out, the number that compares selections rather than orders."""
     import json
     from pathlib import Path
 
     for order in args.orders:
         if order not in S.ORDERS:
             raise ValueError(f"--orders {order!r}; accepted: {', '.join(S.ORDERS)}")
+    if args.permutations < 1:
+        raise ValueError(f"--permutations {args.permutations}; expected >= 1 (random orders drawn per selection)")
     reports = []
     for path in args.reports:
         try:
@@ -297,28 +301,55 @@ def select_order(args: argparse.Namespace) -> dict:
             test = splits.test[: settings["test_size"]]
             labels = [splits.pool[i].target for i in run["indices"]]
             for order in args.orders:
-                indices = S.arrange(run["indices"], labels, order, S.order_rng(run["seed"]))
-                acc = S.evaluate_selection(model, builder, [splits.pool[i] for i in indices], test,
-                                           query_batch=args.query_batch)["accuracy"]
-                row = {"report": name, "task": run["task"], "seed": run["seed"], "method": run["method"],
-                       "order": order, "test_accuracy": acc,
-                       "tail_run": tail_run([splits.pool[i].target for i in indices])}
-                if order == "score":
-                    row["reported"] = run["test_accuracy"]
-                    row["reproduced"] = abs(acc - run["test_accuracy"]) < 1e-6
-                rows.append(row)
-                _log(f"{name} seed {run['seed']} {run['method']} {order}: {acc:.3f} (tail run {row['tail_run']})")
+                rng = S.order_rng(run["seed"])  # successive draws: the permutations of the random order
+                for p in range(args.permutations if order == "random" else 1):
+                    indices = S.arrange(run["indices"], labels, order, rng)
+                    acc = S.evaluate_selection(model, builder, [splits.pool[i] for i in indices], test,
+                                               query_batch=args.query_batch)["accuracy"]
+                    row = {"report": name, "task": run["task"], "seed": run["seed"], "method": run["method"],
+                           "order": order, "indices": indices, "test_accuracy": acc,
+                           "tail_run": tail_run([splits.pool[i].target for i in indices])}
+                    if order == "random":
+                        row["permutation"] = p
+                    if order == "score":
+                        row["reported"] = run["test_accuracy"]
+                        row["reproduced"] = abs(acc - run["test_accuracy"]) < 1e-6
+                    rows.append(row)
+                    _log(f"{name} seed {run['seed']} {run['method']} {order}"
+                         + (f" {p}" if order == "random" else "") + f": {acc:.3f} (tail run {row['tail_run']})")
+    return {"model": args.model, "orders": args.orders, "permutations": args.permutations, "rows": rows,
+            **order_tables(rows, args.orders)}
+
+
+def order_tables(rows: list[dict], orders: list[str]) -> dict:
+    """``table``: per order, the statistics over selections of each selection's accuracy (its
+    mean over the random order's permutations), paired against the first order; ``methods``:
+    per report and method, each order's mean and std over seeds."""
+    per: dict = {}  # (report, seed, method) -> order -> accuracies
+    for r in rows:
+        per.setdefault((r["report"], r["seed"], r["method"]), {}).setdefault(r["order"], []).append(r["test_accuracy"])
+    keys = list(per)
+    acc = {o: np.array([np.mean(per[key][o]) for key in keys]) for o in orders}
     table = {}
-    for order in args.orders:
-        acc = np.array([r["test_accuracy"] for r in rows if r["order"] == order])
-        table[order] = {"mean": float(acc.mean()), "std": float(acc.std()), "min": float(acc.min()),
-                        "selections": len(acc)}
-        if order != args.orders[0]:
-            base = np.array([r["test_accuracy"] for r in rows if r["order"] == args.orders[0]])
-            table[order]["paired_diff"] = float((acc - base).mean())
-            table[order]["wins"] = int((acc > base + 1e-9).sum())
-            table[order]["losses"] = int((acc < base - 1e-9).sum())
-    return {"model": args.model, "orders": args.orders, "rows": rows, "table": table}
+    for order in orders:
+        a = acc[order]
+        table[order] = {"mean": float(a.mean()), "std": float(a.std()), "min": float(a.min()), "selections": len(a)}
+        draws = [len(per[key][order]) for key in keys]
+        if max(draws) > 1:  # how far the order alone moves one selection's accuracy
+            table[order]["within_std"] = float(np.mean([np.std(per[key][order]) for key in keys]))
+            table[order]["draws"] = max(draws)
+        if order != orders[0]:
+            base = acc[orders[0]]
+            table[order]["paired_diff"] = float((a - base).mean())
+            table[order]["wins"] = int((a > base + 1e-9).sum())
+            table[order]["losses"] = int((a < base - 1e-9).sum())
+    methods: dict = {}
+    for report, method in dict.fromkeys((key[0], key[2]) for key in keys):
+        mine = [i for i, key in enumerate(keys) if key[0] == report and key[2] == method]
+        methods.setdefault(report, {})[method] = {
+            o: {"mean": float(acc[o][mine].mean()), "std": float(acc[o][mine].std()), "seeds": len(mine)}
+            for o in orders}
+    return {"table": table, "methods": methods}
 
 
 def _markdown(kind: str, result: dict) -> str:
@@ -350,23 +381,29 @@ def _markdown(kind: str, result: dict) -> str:
                       for a in result["agreement"]]
         return "\n".join(lines)
     if kind == "select-order":
-        base = result["orders"][0]
+        base, orders = result["orders"][0], result["orders"]
         lines = ["| order | selections | test accuracy (mean ± std) | worst | paired diff vs " + base
-                 + " | better / worse |", "|---|---:|---:|---:|---:|---:|"]
+                 + " | better / worse | order draws (std within a selection) |",
+                 "|---|---:|---:|---:|---:|---:|---:|"]
         for order, t in result["table"].items():
             diff = "—" if order == base else f"{100 * t['paired_diff']:+.1f}"
             wins = "—" if order == base else f"{t['wins']} / {t['losses']}"
+            draws = f"{t['draws']} ({100 * t['within_std']:.1f})" if "draws" in t else "1"
             lines.append(f"| {order} | {t['selections']} | {100 * t['mean']:.1f} ± {100 * t['std']:.1f} | "
-                         f"{100 * t['min']:.1f} | {diff} | {wins} |")
-        orders = result["orders"]
+                         f"{100 * t['min']:.1f} | {diff} | {wins} | {draws} |")
+        lines += ["", "| report | method | seeds | " + " | ".join(orders) + " |",
+                  "|---|---|---:|" + "---:|" * len(orders)]
+        for report, by_method in result.get("methods", {}).items():
+            for method, by in by_method.items():
+                lines.append(f"| {report} | {method} | {by[orders[0]]['seeds']} | " + " | ".join(
+                    f"{100 * by[o]['mean']:.1f} ± {100 * by[o]['std']:.1f}" for o in orders) + " |")
         lines += ["", "| report | seed | method | " + " | ".join(f"{o} (tail run)" for o in orders) + " |",
                   "|---|---:|---|" + "---:|" * len(orders)]
         cells: dict = {}
         for r in result["rows"]:
-            cells.setdefault((r["report"], r["seed"], r["method"]), {})[r["order"]] = r
+            cells.setdefault((r["report"], r["seed"], r["method"]), {}).setdefault(r["order"], []).append(r)
         for (report, seed, method), by in cells.items():
-            lines.append(f"| {report} | {seed} | {method} | " + " | ".join(
-                f"{100 * by[o]['test_accuracy']:.1f} ({by[o]['tail_run']})" for o in orders) + " |")
+            lines.append(f"| {report} | {seed} | {method} | " + " | ".join(_order_cell(by[o]) for o in orders) + " |")
         return "\n".join(lines)
     budgets = sorted({m for c in result["curve"].values() for m in c})
     lines = ["| estimator | " + " | ".join(f"M={m}" for m in budgets) + " | subsets to reach mean@max |",
@@ -375,6 +412,14 @@ def _markdown(kind: str, result: dict) -> str:
         lines.append(f"| {est} | " + " | ".join(f"{100 * c[m]:.1f}" for m in budgets)
                      + f" | {result['subsets_to_reach_mean_at_max'][est]} |")
     return "\n".join(lines)
+
+
+def _order_cell(rows: list[dict]) -> str:
+    acc = [r["test_accuracy"] for r in rows]
+    if len(rows) == 1:
+        return f"{100 * acc[0]:.1f} ({rows[0]['tail_run']})"
+    return f"{100 * np.mean(acc):.1f} ± {100 * np.std(acc):.1f} ({min(r['tail_run'] for r in rows)}-" \
+           f"{max(r['tail_run'] for r in rows)})"
 
 
 def _run(kind: str, fn):
@@ -434,6 +479,8 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
                          help="earlier selections scored again on the test set in each prompt order")
     p.add_argument("--reports", nargs="+", required=True, help="select-quality --json-out files")
     p.add_argument("--orders", nargs="+", default=list(S.ORDERS), help="the first is the baseline of the diffs")
+    p.add_argument("--permutations", type=int, default=1,
+                   help="random orders drawn per selection; their mean averages the order out")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--query-batch", type=int, default=32)
     p.add_argument("--json-out", help="also write the full result as JSON here")

@@ -15,7 +15,9 @@ The core is reusable by distillation and selection:
 * :func:`sample_subsets` - ``n`` random ``k``-subsets of a pool (explicit numpy Generator);
 * :func:`evaluate_prefixes` - answer ``Q`` queries after each of ``R`` prefix rows: the
   answer-position logits ``(R, Q, V)``, the gold loss and the prediction per (row, query);
-  :func:`answer_logits` is its batched fast path, :func:`answer_logits_ref` the reference;
+  :func:`answer_logits` is its batched fast path, :func:`answer_logits_packed` the one for
+  long shared prefixes (a row's queries packed into one sequence), :func:`answer_logits_ref`
+  the reference of both;
 * :func:`evaluate_paths` - the same subsets through several cache builders (dense, compressed,
   control, window), streaming the logit agreement with the reference path batch by batch so
   that no ``(S, Q, V)`` tensor is ever held;
@@ -412,6 +414,65 @@ def answer_logits(
     return out.logits[:, -1].float()  # (n, V)
 
 
+def answer_logits_packed(
+    model: PreTrainedModel, prefixes: K.PrefixCache, suffixes: Sequence[Sequence[int]], rows: Sequence[int]
+) -> Tensor:
+    """:func:`answer_logits` with every suffix of a prefix row packed into one sequence.
+
+    :func:`answer_logits` gives each suffix its own copy of its row's cache, so a long prefix
+    (a dense 50-shot prompt is ~1700 tokens) is copied once per query, at every layer. Here the
+    suffixes that share a row are laid end to end as segments of one sequence: a segment sees
+    the prefix and its own earlier tokens (a block-diagonal causal mask), its position ids
+    restart at the prefix's ``next_position``, and the logits are read at each segment's last
+    token. The prefix is read once per row. Same result as :func:`answer_logits` up to float
+    rounding; the attention work grows with the packed length, so it pays off for long
+    prefixes and few rows. ``(n, V)`` float32.
+    """
+    if len(suffixes) != len(rows):
+        raise ValueError(f"{len(suffixes)} suffixes but {len(rows)} prefix rows; expected equal")
+    device = prefixes.mask.device
+    groups: dict[int, list[int]] = {}  # prefix row -> its pairs, in order
+    for i, (s, r) in enumerate(zip(suffixes, rows, strict=True)):
+        if not s:
+            raise ValueError(f"suffix {i} is empty; expected at least one token")
+        groups.setdefault(int(r), []).append(i)
+    width = max(sum(len(suffixes[i]) for i in pairs) for pairs in groups.values())
+    B = len(groups)
+    ids = torch.zeros((B, width), dtype=torch.long)
+    segment = torch.full((B, width), -1, dtype=torch.long)  # which suffix each slot holds; -1: padding
+    offset = torch.zeros((B, width), dtype=torch.long)  # a slot's index inside its segment
+    keep = torch.zeros((B, width), dtype=torch.bool)  # segment ends: where the logits are read
+    order = []  # pair index of each kept position, in row-major order
+    for b, pairs in enumerate(groups.values()):
+        at = 0
+        for i in pairs:
+            s = list(suffixes[i])
+            ids[b, at : at + len(s)] = torch.tensor(s, dtype=torch.long)
+            segment[b, at : at + len(s)] = i
+            offset[b, at : at + len(s)] = torch.arange(len(s))
+            keep[b, at + len(s) - 1] = True
+            order.append(i)
+            at += len(s)
+    sub = prefixes.select(list(groups))
+    dtype = sub.keys[0].dtype
+    low = torch.finfo(dtype).min
+    bias = torch.zeros(sub.mask.shape, dtype=dtype, device=device) if sub.bias is None else sub.bias.to(dtype)
+    seen = torch.where(sub.mask, bias, torch.full_like(bias, low))  # (B, L)
+    causal = torch.arange(width)[None, :] <= torch.arange(width)[:, None]  # (S, S) j <= i
+    sees = (segment[:, :, None] == segment[:, None, :]) & causal[None] & (segment[:, None, :] >= 0)  # (B, S, S)
+    own = torch.zeros(sees.shape, dtype=dtype).masked_fill(~sees, low).to(device)
+    attention = torch.cat([seen[:, None].expand(B, width, -1), own], dim=2)[:, None]  # (B, 1, S, L + S)
+    positions = sub.next_position[:, None] + offset.to(device)
+    extra = {"logits_to_keep": keep.to(device)} if _logits_to_keep(model) else {}
+    with torch.no_grad():
+        out = model(input_ids=ids.to(device), attention_mask=attention, position_ids=positions,
+                    past_key_values=sub.to_dynamic(), use_cache=True, **extra)
+    z = out.logits if extra else out.logits[keep.to(device)]  # (n, V), row-major over kept positions
+    result = torch.empty((len(suffixes), z.shape[-1]), dtype=torch.float32, device=z.device)
+    result[torch.tensor(order, device=z.device)] = z.reshape(len(order), -1).float()
+    return result
+
+
 def answer_logits_ref(
     model: PreTrainedModel, prefixes: K.PrefixCache, suffixes: Sequence[Sequence[int]], rows: Sequence[int]
 ) -> Tensor:
@@ -498,6 +559,7 @@ def evaluate_prefixes(
     query_batch: int = 16,
     keep_logits: bool = True,
     max_new_tokens: int = 32,
+    pack: bool = False,
 ) -> PrefixEval:
     """Answer every query after every prefix row: ``R = prefixes.batch_size`` rows, ``Q`` queries.
 
@@ -510,7 +572,9 @@ def evaluate_prefixes(
     is ``task.score`` of a greedy answer (slow).
 
     Pairs are processed ``query_batch`` at a time, so memory is that many copies of a row's
-    cache. Returns a :class:`PrefixEval` (its ``cost`` is left for the caller to fill).
+    cache; ``pack=True`` reads the answer logits with :func:`answer_logits_packed` instead (the
+    pairs of a row as segments of one sequence, no copies: for few, long prefixes, such as one
+    dense prompt on a test set). Returns a :class:`PrefixEval` (its ``cost`` is left for the caller to fill).
     """
     if loss not in LOSSES:
         raise ValueError(f"loss={loss!r}; accepted: {', '.join(LOSSES)}")
@@ -541,7 +605,8 @@ def evaluate_prefixes(
             z, label_scores = answer_scores(model, builder, prefixes, sfx, rows)
             scores.append(label_scores.cpu())
         else:
-            z = answer_logits(model, prefixes, [s + lead for s in sfx], rows)  # (n, V)
+            read = answer_logits_packed if pack else answer_logits
+            z = read(model, prefixes, [s + lead for s in sfx], rows)  # (n, V)
         if keep_logits:
             logits.append(z.cpu())
         if classification:
@@ -1105,6 +1170,7 @@ __all__ = [
     "LogitAgreement",
     "PrefixEval",
     "answer_logits",
+    "answer_logits_packed",
     "answer_logits_ref",
     "bootstrap_spearman",
     "cache_paths",

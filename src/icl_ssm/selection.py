@@ -659,7 +659,12 @@ def evaluate_selection(
     query_batch: int = 32,
 ) -> dict[str, float]:
     """Accuracy and mean loss of the prompt made of ``demos`` on ``test``, with any evaluator's
-    cache (``"dense"`` by default: the real prompt)."""
+    cache (``"dense"`` by default: the real prompt).
+
+    One prefix serves every test query, so the queries are packed ``query_batch`` to a sequence
+    after it (:func:`icl_ssm.fidelity.answer_logits_packed`) instead of each getting a copy of
+    its cache: a 50-shot dense prompt on 150 reviews takes ~9 s instead of ~45 s on 2 CPU threads.
+    """
     if not test:
         raise ValueError("the test set is empty")
     ev = CacheEvaluator(model, builder, cache, compressor, loss=loss, batch=1, query_batch=query_batch)
@@ -667,6 +672,6 @@ def evaluate_selection(
     device = model.device
     with torch.no_grad(), measure(device) as cost:
         result = evaluate_prefixes(model, builder, ev.build(ids.to(device), mask.to(device)), test, loss=loss,
-                                   query_batch=query_batch, keep_logits=False)
+                                   query_batch=query_batch, keep_logits=False, pack=True)
     return {"accuracy": float(result.correct.mean()), "loss": float(result.loss.mean()),
             "flops": cost.flops, "seconds": cost.seconds}
