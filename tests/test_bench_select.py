@@ -48,10 +48,11 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
     assert main(["bench", "select-cost", *common, "--task", str(data), "--k", "2", "3", "--subsets", "1",
                  "--per-query-max-k", "2", "--json-out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["k"], r["evaluator"]) for r in rows] == [(2, "compressed"), (2, "dense"), (2, "dense-per-query"),
-                                                       (3, "compressed"), (3, "dense")]
+    assert [(r["k"], r["evaluator"]) for r in rows] == [
+        (2, "compressed"), (2, "dense"), (2, "dense-packed"), (2, "dense-per-query"),
+        (3, "compressed"), (3, "dense"), (3, "dense-packed")]
     assert all(r["flops_per_subset"] > 0 for r in rows)
-    per_query = rows[2]["flops_per_subset"]
+    per_query = rows[3]["flops_per_subset"]
     assert per_query > rows[1]["flops_per_subset"]  # per-query re-reads the prompt for every query
     assert "| 3 |" in capsys.readouterr().out
     out = tmp_path / "quality.json"

@@ -224,8 +224,12 @@ def test_batched_evaluation_equals_one_at_a_time(setup):
     for cache in ("compressed", "dense"):
         batched = S.CacheEvaluator(model, builder, cache, comp, batch=5, query_batch=7).evaluate(pool, val, subs)
         single = S.CacheEvaluator(model, builder, cache, comp, batch=1, query_batch=1).evaluate(pool, val, subs)
+        packed = S.CacheEvaluator(model, builder, cache, comp, batch=5, query_batch=7, pack=True).evaluate(
+            pool, val, subs)
         np.testing.assert_allclose(batched.losses, single.losses, rtol=1e-4, atol=1e-5)
-        assert batched.cost.flops > 0 and batched.tokens > 0
+        np.testing.assert_allclose(packed.losses, single.losses, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(packed.query_losses, single.query_losses, rtol=1e-4, atol=1e-5)
+        assert batched.cost.flops > 0 and batched.tokens > 0 and packed.tokens == batched.tokens
     per_query = S.PerQueryDenseEvaluator(model, builder, batch=2).evaluate(pool, val, subs)
     dense = S.CacheEvaluator(model, builder, "dense").evaluate(pool, val, subs)
     np.testing.assert_allclose(per_query.losses, dense.losses, rtol=1e-4, atol=1e-5)

@@ -50,6 +50,8 @@ def select_cost(args: argparse.Namespace) -> dict:
             "compressed": S.CacheEvaluator(model, builder, "compressed", compressor, batch=1,
                                            query_batch=args.query_batch),
             "dense": S.CacheEvaluator(model, builder, "dense", batch=1, query_batch=args.query_batch),
+            "dense-packed": S.CacheEvaluator(model, builder, "dense", batch=1, query_batch=args.query_batch,
+                                             pack=True),
         }
         if k <= args.per_query_max_k:
             evaluators["dense-per-query"] = S.PerQueryDenseEvaluator(model, builder, batch=args.query_batch)

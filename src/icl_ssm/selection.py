@@ -276,7 +276,10 @@ class CacheEvaluator(SubsetEvaluator):
     dense, the sinks for compressed, plus every query suffix); the SSM reads embeddings.
     ``balance_labels``: a subset's loss is the mean of its per-label mean losses (classification;
     see :func:`icl_ssm.fidelity.label_weights`), so the label mix of the validation queries does
-    not decide which subsets look best.
+    not decide which subsets look best. ``pack``: a subset's queries are read as segments of one
+    sequence after its cache instead of each after its own copy of it
+    (:func:`icl_ssm.fidelity.answer_logits_packed`): faster for long (dense) prefixes, the
+    same losses up to float rounding, a few more FLOPs (the masked attention between segments).
     """
 
     model: PreTrainedModel
@@ -287,6 +290,7 @@ class CacheEvaluator(SubsetEvaluator):
     batch: int = 8
     query_batch: int = 32
     balance_labels: bool = False
+    pack: bool = False
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -321,7 +325,7 @@ class CacheEvaluator(SubsetEvaluator):
             with torch.no_grad(), measure(device) as cost:
                 prefix = self.build(ids.to(device), mask.to(device))
                 ev = evaluate_prefixes(self.model, self.builder, prefix, validation, loss=self.loss,
-                                       query_batch=self.query_batch, keep_logits=False)
+                                       query_batch=self.query_batch, keep_logits=False, pack=self.pack)
             q = ev.loss.double().numpy()
             per_query.append(q)
             losses.append(ev.subset_loss().double().numpy() if weights is None else q @ weights)
