@@ -112,6 +112,8 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert set(result["curve"]) == {"mean", "ridge", "mean+adaptive", "ridge+adaptive"}
     assert result["subsets_to_reach_mean_at_max"]["mean"] <= 8
+    assert set(result["loss_curve"]) == set(result["curve"]) and all(r["test_loss"] > 0 for r in result["rows"])
+    assert "| estimator (test loss) |" in capsys.readouterr().out
 
 
 def test_estimators_simulation_recovers_planted_demonstrations(tmp_path):

@@ -190,19 +190,19 @@ def estimators(args: argparse.Namespace) -> dict:
     task = T.get_task(args.task)
     builder = P.PromptBuilder.for_model(model, tokenizer, task)
     inner = S.CacheEvaluator(model, builder, args.evaluator, compressor, batch=args.batch,
-                             query_batch=args.query_batch)
+                             query_batch=args.query_batch, pack=args.evaluator == "dense")
     rows = []
     for seed in args.seeds:
         splits = T.split(task, pool_size=args.pool_size, seed=seed)
         pool, validation, test = splits.pool, splits.validation[: args.queries], splits.test[: args.test_size]
         n = len(pool)
-        memo, accuracy = _Memo(inner), {}
+        memo, measured = _Memo(inner), {}
 
         def test_acc(indices):
             key = tuple(indices)
-            if key not in accuracy:
-                accuracy[key] = S.evaluate_selection(model, builder, [pool[i] for i in indices], test)["accuracy"]
-            return accuracy[key]
+            if key not in measured:
+                measured[key] = S.evaluate_selection(model, builder, [pool[i] for i in indices], test)
+            return {"test_accuracy": measured[key]["accuracy"], "test_loss": measured[key]["loss"]}
 
         stream = S.balanced_subsets(n, args.k, max(args.budgets), np.random.default_rng(seed))
         losses = memo.evaluate(pool, validation, stream).losses
@@ -210,17 +210,20 @@ def estimators(args: argparse.Namespace) -> dict:
             for est, fn in (("mean", S.mean_affinity), ("ridge", S.ridge_affinity)):
                 scores, _ = fn(stream[:m], losses[:m], n)
                 rows.append({"seed": seed, "estimator": est, "subsets": m,
-                             "test_accuracy": test_acc(S.top_k(np.nan_to_num(scores, nan=-np.inf), args.k))})
+                             **test_acc(S.top_k(np.nan_to_num(scores, nan=-np.inf), args.k))})
             for est in ("mean", "ridge"):
                 sel = S.AffinitySelector(memo, subsets=m, estimator=est, adaptive=0.5, coverage=0).select(
                     pool, validation, args.k, np.random.default_rng(seed + 1000))
-                rows.append({"seed": seed, "estimator": f"{est}+adaptive", "subsets": m,
-                             "test_accuracy": test_acc(sel.indices)})
+                rows.append({"seed": seed, "estimator": f"{est}+adaptive", "subsets": m, **test_acc(sel.indices)})
             _log(f"seed {seed} M={m}: " + ", ".join(f"{r['estimator']} {r['test_accuracy']:.3f}"
                                                     for r in rows if r["seed"] == seed and r["subsets"] == m))
     curve, target, needed = _curve(rows, max(args.budgets))
+    loss_curve: dict = {}
+    for r in rows:
+        loss_curve.setdefault(r["estimator"], {}).setdefault(r["subsets"], []).append(r["test_loss"])
+    loss_curve = {e: {m: float(np.mean(v)) for m, v in sorted(c.items())} for e, c in loss_curve.items()}
     return {"model": args.model, "task": args.task, "k": args.k, "evaluator": args.evaluator, "rows": rows,
-            "curve": curve, "target": target, "subsets_to_reach_mean_at_max": needed,
+            "curve": curve, "target": target, "subsets_to_reach_mean_at_max": needed, "loss_curve": loss_curve,
             "settings": {k: getattr(args, k) for k in ("pool_size", "queries", "test_size", "seeds", "budgets")}}
 
 
@@ -413,6 +416,11 @@ def _markdown(kind: str, result: dict) -> str:
     for est, c in result["curve"].items():
         lines.append(f"| {est} | " + " | ".join(f"{100 * c[m]:.1f}" for m in budgets)
                      + f" | {result['subsets_to_reach_mean_at_max'][est]} |")
+    if result.get("loss_curve"):  # estimators on a real model: the selected set's mean test loss too
+        lines += ["", "| estimator (test loss) | " + " | ".join(f"M={m}" for m in budgets) + " |",
+                  "|---|" + "---:|" * len(budgets)]
+        lines += [f"| {est} | " + " | ".join(f"{c[m]:.4f}" for m in budgets) + " |"
+                  for est, c in result["loss_curve"].items()]
     return "\n".join(lines)
 
 
