@@ -49,10 +49,12 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
                  "--per-query-max-k", "2", "--json-out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [(r["k"], r["evaluator"]) for r in rows] == [
-        (2, "compressed"), (2, "dense"), (2, "dense-packed"), (2, "dense-per-query"),
-        (3, "compressed"), (3, "dense"), (3, "dense-packed")]
+        (2, "compressed"), (2, "dense"), (2, "compressed-packed"), (2, "dense-packed"), (2, "dense-per-query"),
+        (3, "compressed"), (3, "dense"), (3, "compressed-packed"), (3, "dense-packed")]
+    assert rows[2]["flops_vs_compressed"] == 1.0 and rows[3]["flops_vs_compressed"] == pytest.approx(
+        rows[3]["flops_per_subset"] / rows[2]["flops_per_subset"])  # ratios within one query path
     assert all(r["flops_per_subset"] > 0 for r in rows)
-    per_query = rows[3]["flops_per_subset"]
+    per_query = rows[4]["flops_per_subset"]
     assert per_query > rows[1]["flops_per_subset"]  # per-query re-reads the prompt for every query
     assert "| 3 |" in capsys.readouterr().out
     out = tmp_path / "quality.json"

@@ -195,6 +195,23 @@ def test_arrange_spreads_each_label_and_keeps_the_better_ones_later():
         S.arrange(idx, labels[:9], "interleave", np.random.default_rng(0))
 
 
+def test_search_order_keeps_the_candidate_order_with_the_lowest_loss():
+    idx, labels = list(range(6)), ["neg", "pos"] * 3
+    # an order-sensitive oracle: the loss is where demonstration 0 sits (first is best)
+    oracle = S.OracleEvaluator(lambda s: s.index(0))
+    best, details = S.search_order(oracle, pool_of(6), VAL, idx, labels, 6, S.order_rng(4))
+    names = [c["order"] for c in details["candidates"]]
+    assert names == ["score", "interleave"] + ["random"] * 4
+    losses = [c["validation_loss"] for c in details["candidates"]]
+    assert best == details["candidates"][details["chosen"]]["indices"] and best.index(0) == min(losses)
+    assert details["chosen"] == losses.index(min(losses))  # the first of equal losses
+    assert details["candidates"][0]["indices"] == idx and sorted(best) == idx
+    # the first random candidate is `--order random`'s
+    assert details["candidates"][2]["indices"] == S.arrange(idx, labels, "random", S.order_rng(4))
+    with pytest.raises(ValueError, match="order candidates=1; expected >= 2"):
+        S.search_order(oracle, pool_of(6), VAL, idx, labels, 1, S.order_rng(4))
+
+
 def test_random_selector_is_seeded():
     a = S.RandomSelector().select(pool_of(30), VAL, 5, np.random.default_rng(3))
     b = S.RandomSelector().select(pool_of(30), VAL, 5, np.random.default_rng(3))

@@ -46,12 +46,11 @@ def select_cost(args: argparse.Namespace) -> dict:
     rows = []
     for k in args.k:
         subsets = S.balanced_subsets(len(splits.pool), k, args.subsets + 1, np.random.default_rng(args.seed))
-        evaluators = {
-            "compressed": S.CacheEvaluator(model, builder, "compressed", compressor, batch=1,
-                                           query_batch=args.query_batch),
-            "dense": S.CacheEvaluator(model, builder, "dense", batch=1, query_batch=args.query_batch),
-            "dense-packed": S.CacheEvaluator(model, builder, "dense", batch=1, query_batch=args.query_batch,
-                                             pack=True),
+        evaluators = {  # each query path: batched (a cache copy per query, padded) and packed
+            f"{cache}{'-packed' if pack else ''}": S.CacheEvaluator(
+                model, builder, cache, compressor if cache == "compressed" else None, batch=1,
+                query_batch=args.query_batch, pack=pack)
+            for pack in (False, True) for cache in ("compressed", "dense")
         }
         if k <= args.per_query_max_k:
             evaluators["dense-per-query"] = S.PerQueryDenseEvaluator(model, builder, batch=args.query_batch)
@@ -64,8 +63,9 @@ def select_cost(args: argparse.Namespace) -> dict:
                          "flops_per_subset": res.cost.flops / n, "seconds_per_subset": res.cost.seconds / n,
                          "tokens_per_subset": res.tokens / n})
             _log(f"k={k} {name}: {res.cost.flops / n / 1e9:.1f} GFLOP, {res.cost.seconds / n:.2f} s per subset")
-    for r in rows:
-        comp = next(c for c in rows if c["k"] == r["k"] and c["evaluator"] == "compressed")
+    for r in rows:  # against the compressed evaluator on the same query path (per-query: the batched one)
+        path = "compressed-packed" if r["evaluator"].endswith("-packed") else "compressed"
+        comp = next(c for c in rows if c["k"] == r["k"] and c["evaluator"] == path)
         r["flops_vs_compressed"] = r["flops_per_subset"] / comp["flops_per_subset"]
         r["seconds_vs_compressed"] = r["seconds_per_subset"] / comp["seconds_per_subset"]
     return {"model": args.model, "task": args.task, "queries": len(validation), "subsets": args.subsets,

@@ -175,6 +175,28 @@ def arrange(indices: Sequence[int], labels: Sequence[str], order: str, rng: np.r
     return [indices[pos] for _, pos in sorted(key)]
 
 
+def search_order(evaluator: SubsetEvaluator, pool: Sequence[T.Example], validation: Sequence[T.Example],
+                 indices: Sequence[int], labels: Sequence[str], candidates: int,
+                 rng: np.random.Generator) -> tuple[list[int], dict[str, Any]]:
+    """The prompt order of the chosen ``indices`` with the lowest validation loss under ``evaluator``.
+
+    The candidates are the ``score`` order, ``interleave`` and ``candidates - 2`` random
+    permutations drawn from ``rng`` (with :func:`order_rng` the first is ``--order random``'s).
+    Each is a "subset" in that order, so any evaluator scores it (the dense one reads the real
+    prompt). Returns the best order (the first of equal losses) and, for the record, every
+    candidate's order name, indices and loss.
+    """
+    if candidates < 2:
+        raise ValueError(f"order candidates={candidates}; expected >= 2 (score, interleave, then random orders)")
+    names = ["score", "interleave"] + ["random"] * (candidates - 2)
+    orders = [arrange(indices, labels, name, rng) for name in names]
+    losses = evaluator.evaluate(pool, validation, orders).losses
+    best = int(np.argmin(losses))
+    return orders[best], {"chosen": best, "candidates": [
+        {"order": name, "indices": list(order), "validation_loss": float(loss)}
+        for name, order, loss in zip(names, orders, losses, strict=True)]}
+
+
 @register("random")
 class RandomSelector(Selector):
     """``k`` candidates uniformly at random: the baseline every method must beat."""
