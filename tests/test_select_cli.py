@@ -94,6 +94,15 @@ def test_order_rearranges_the_same_selection(files, tmp_path, capsys):
     rows = [json.loads(line) for line in (out / "selected.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == mixed["ids"]  # the files list the prompt order
     assert json.loads((out / "select_config.json").read_text())["order"] == "interleave"
+    searched = run_json(capsys, *args(files, "--method", "random", "--k", "5", "--order", "search",
+                                      "--order-candidates", "4"))
+    found = searched["order_search"]
+    assert [c["order"] for c in found["candidates"]] == ["score", "interleave", "random", "random"]
+    first, second = found["candidates"][:2]
+    assert first["indices"] == base["indices"] and second["indices"] == mixed["indices"]
+    losses = [c["validation_loss"] for c in found["candidates"]]
+    chosen = found["chosen"]
+    assert searched["indices"] == found["candidates"][chosen]["indices"] and min(losses) == losses[chosen]
     with pytest.raises(SystemExit):
         main(args(files, "--method", "random", "--order", "best"))
     assert "invalid choice: 'best'" in capsys.readouterr().err
@@ -126,8 +135,10 @@ def test_bad_input_is_refused(files, tmp_path, capsys):
     assert "is a file" in capsys.readouterr().err
     from icl_ssm.select_cli import SelectConfig
 
-    with pytest.raises(ValueError, match="--order 'best'; accepted: score, interleave, random"):
+    with pytest.raises(ValueError, match="--order 'best'; accepted: score, interleave, random, search"):
         SelectConfig(order="best").check()
+    with pytest.raises(ValueError, match="--order-candidates 1: expected >= 2"):
+        SelectConfig(order="search", order_candidates=1).check()
 
 
 def test_two_processes_select_like_one(files, tmp_path, tmp_cache, capsys):

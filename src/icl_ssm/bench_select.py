@@ -24,7 +24,7 @@ from icl_ssm import tasks as T
 from icl_ssm.compressor import load_compressor
 from icl_ssm.fidelity import parse_also
 from icl_ssm.models import DEFAULT_MODEL, load_model
-from icl_ssm.select_cli import SelectConfig, select_demonstrations
+from icl_ssm.select_cli import ORDERS, SelectConfig, select_demonstrations
 
 
 def _log(msg: str) -> None:
@@ -482,7 +482,7 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--balance-labels", action="store_true",
                    help="affinity: a subset's loss is the mean of its per-label mean validation losses "
                         "(classification tasks)")
-    p.add_argument("--order", default="score", choices=S.ORDERS, help="prompt order of the chosen demonstrations")
+    p.add_argument("--order", default="score", choices=ORDERS, help="prompt order of the chosen demonstrations")
     p.set_defaults(func=_run("select-quality", select_quality))
 
     p = kinds.add_parser("select-order", formatter_class=fmt,

@@ -32,6 +32,7 @@ from icl_ssm.fidelity import LOSSES
 from icl_ssm.models import DEFAULT_MODEL, load_model
 
 EVALUATORS = ("compressed", "dense", "dense-per-query")
+ORDERS = (*S.ORDERS, "search")  # search: chosen among candidate orders by the dense validation loss
 
 
 @dataclass
@@ -55,7 +56,8 @@ class SelectConfig:
     batch: int = 8
     query_batch: int = 32
     balance_labels: bool = False  # a subset's loss: the mean of its per-label mean validation losses
-    order: str = "score"  # prompt order of the chosen demonstrations: S.ORDERS
+    order: str = "score"  # prompt order of the chosen demonstrations: ORDERS
+    order_candidates: int = 10  # --order search: orders scored on the validation queries
     chat: bool = False
 
     def check(self) -> None:
@@ -65,8 +67,11 @@ class SelectConfig:
             raise ValueError(f"--evaluator {self.evaluator!r}; accepted: {', '.join(EVALUATORS)}")
         if self.estimator not in S.ESTIMATORS:
             raise ValueError(f"--estimator {self.estimator!r}; accepted: {', '.join(S.ESTIMATORS)}")
-        if self.order not in S.ORDERS:
-            raise ValueError(f"--order {self.order!r}; accepted: {', '.join(S.ORDERS)}")
+        if self.order not in ORDERS:
+            raise ValueError(f"--order {self.order!r}; accepted: {', '.join(ORDERS)}")
+        if self.order_candidates < 2:
+            raise ValueError(f"--order-candidates {self.order_candidates}: expected >= 2 (score, interleave, "
+                             "then random orders)")
         if self.loss not in LOSSES:
             raise ValueError(f"--loss {self.loss!r}; accepted: {', '.join(LOSSES)}")
         if self.method == "affinity" and self.evaluator == "compressed" and not self.compressor:
@@ -126,7 +131,14 @@ def select_demonstrations(
     selection = selector.select(splits.pool, validation, cfg.k, np.random.default_rng(cfg.seed))
     wall = time.perf_counter() - t0
     labels = [splits.pool[i].target for i in selection.indices]
-    selection.indices = S.arrange(selection.indices, labels, cfg.order, S.order_rng(cfg.seed))
+    searched = None
+    if cfg.order == "search":  # the real prompt in each candidate order, on the validation queries
+        dense = S.CacheEvaluator(model, builder, "dense", loss=cfg.loss, batch=1, query_batch=cfg.query_batch,
+                                 balance_labels=cfg.balance_labels, pack=True)
+        selection.indices, searched = S.search_order(dense, splits.pool, validation, selection.indices, labels,
+                                                     cfg.order_candidates, S.order_rng(cfg.seed))
+    else:
+        selection.indices = S.arrange(selection.indices, labels, cfg.order, S.order_rng(cfg.seed))
     result = S.evaluate_selection(model, builder, selection.examples(splits.pool), test, loss=cfg.loss,
                                   query_batch=cfg.query_batch)
     summary = {
@@ -143,6 +155,8 @@ def select_demonstrations(
     for key in ("min_coverage", "split_half", "reliability", "queries_needed"):
         if key in selection.details:
             summary[key] = selection.details[key]
+    if searched is not None:
+        summary["order_search"] = searched
     return selection, summary, list(splits.pool)
 
 
@@ -256,9 +270,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--balance-labels", action="store_true",
                    help="affinity: a subset's loss is the mean of its per-label mean validation losses, so the "
                         "label mix of the validation queries does not decide (classification tasks)")
-    p.add_argument("--order", default=d.order, choices=S.ORDERS,
+    p.add_argument("--order", default=d.order, choices=ORDERS,
                    help="prompt order of the chosen demonstrations: score (the paper's, best last), interleave "
-                        "(each label spread evenly, better ones later) or random")
+                        "(each label spread evenly, better ones later), random, or search (the candidate order "
+                        "with the lowest dense validation loss)")
+    p.add_argument("--order-candidates", type=int, default=d.order_candidates,
+                   help="--order search: score, interleave and this many minus two random orders")
     p.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
     p.add_argument("--out", help="directory for selected.jsonl, prompt.txt, summary.json")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
