@@ -428,8 +428,8 @@ def _order_cell(rows: list[dict]) -> str:
     acc = [r["test_accuracy"] for r in rows]
     if len(rows) == 1:
         return f"{100 * acc[0]:.1f} ({rows[0]['tail_run']})"
-    return f"{100 * np.mean(acc):.1f} ± {100 * np.std(acc):.1f} ({min(r['tail_run'] for r in rows)}-" \
-           f"{max(r['tail_run'] for r in rows)})"
+    runs = [r["tail_run"] for r in rows]
+    return f"{100 * np.mean(acc):.1f} ± {100 * np.std(acc):.1f} ({min(runs)}-{max(runs)})"
 
 
 def _run(kind: str, fn):

@@ -424,9 +424,10 @@ def answer_logits_packed(
     suffixes that share a row are laid end to end as segments of one sequence: a segment sees
     the prefix and its own earlier tokens (a block-diagonal causal mask), its position ids
     restart at the prefix's ``next_position``, and the logits are read at each segment's last
-    token. The prefix is read once per row. Same result as :func:`answer_logits` up to float
-    rounding; the attention work grows with the packed length, so it pays off for long
-    prefixes and few rows. ``(n, V)`` float32.
+    token. The prefix is read once per row and nothing is padded but the ends of shorter rows.
+    Same result as :func:`answer_logits` up to float rounding; the attention between segments is
+    computed and masked, so the work grows with the square of a row's packed length (keep
+    ``query_batch`` pairs a row moderate). ``(n, V)`` float32.
     """
     if len(suffixes) != len(rows):
         raise ValueError(f"{len(suffixes)} suffixes but {len(rows)} prefix rows; expected equal")
@@ -573,8 +574,8 @@ def evaluate_prefixes(
 
     Pairs are processed ``query_batch`` at a time, so memory is that many copies of a row's
     cache; ``pack=True`` reads the answer logits with :func:`answer_logits_packed` instead (the
-    pairs of a row as segments of one sequence, no copies: for few, long prefixes, such as one
-    dense prompt on a test set). Returns a :class:`PrefixEval` (its ``cost`` is left for the caller to fill).
+    pairs of a row as segments of one sequence: no copies, no padding). Returns a
+    :class:`PrefixEval` (its ``cost`` is left for the caller to fill).
     """
     if loss not in LOSSES:
         raise ValueError(f"loss={loss!r}; accepted: {', '.join(LOSSES)}")
