@@ -267,19 +267,24 @@ def test_answer_logits_fast_matches_reference(llama, coin):
     torch.testing.assert_close(fast, F.answer_logits_ref(model, cache, suffixes, rows), atol=1e-4, rtol=1e-4)
 
 
+def _exact_or_gated(model, prefixes, gated):
+    """The prompts' exact cache, or a gated hybrid compressor's (its virtual tokens carry a bias)."""
+    ids, mask = F.pad_right(prefixes)
+    if not gated:
+        return K.exact_cache(model, ids, mask)
+    config = SSMCompressorConfig.for_teacher(model.config, **SMALL, num_recent=2, gate=True, gate_init=-1.0)
+    cache = K.compressed_cache(model, SSMCompressor(config).eval(), ids, mask)
+    assert cache.bias is not None
+    return cache
+
+
 @pytest.mark.parametrize("gated", [False, True], ids=["exact", "gated-compressed"])
 def test_packed_answer_logits_match_reference(llama, coin, gated):
     """Suffixes of unequal length, rows out of order and repeated, a gated prefix's bias: the
     packed read (one sequence per prefix row) equals one unpadded forward per pair."""
     model, _ = llama
     builder, _, prefixes = _prefixes(llama, *coin)
-    ids, mask = F.pad_right(prefixes)
-    if gated:
-        config = SSMCompressorConfig.for_teacher(model.config, **SMALL, num_recent=2, gate=True, gate_init=-1.0)
-        cache = K.compressed_cache(model, SSMCompressor(config).eval(), ids, mask)
-        assert cache.bias is not None
-    else:
-        cache = K.exact_cache(model, ids, mask)
+    cache = _exact_or_gated(model, prefixes, gated)
     suffixes = [builder.build_suffix(q).input_ids for q in coin[1].validation[:5]]
     suffixes[1] = suffixes[1][:3]  # lengths differ within a packed row
     rows = [2, 0, 2, 1, 2]
@@ -327,13 +332,7 @@ def test_multi_token_label_scores_read_the_query_once_and_equal_the_reference(ll
     task = T.get_task("modular_addition", p=13, size=60)
     splits = T.split(task, seed=0)
     builder, _, prefixes = _prefixes(llama, task, splits)
-    ids, mask = F.pad_right(prefixes)
-    if gated:
-        config = SSMCompressorConfig.for_teacher(model.config, **SMALL, num_recent=2, gate=True, gate_init=-1.0)
-        cache = K.compressed_cache(model, SSMCompressor(config).eval(), ids, mask)
-        assert cache.bias is not None
-    else:
-        cache = K.exact_cache(model, ids, mask)
+    cache = _exact_or_gated(model, prefixes, gated)
     suffixes = [builder.build_suffix(q).input_ids for q in splits.validation[:3]] * 2
     rows = [0, 1, 2, 2, 0, 1]
     z, scores = F.answer_scores(model, builder, cache, suffixes, rows)
