@@ -173,13 +173,18 @@ class _Memo(S.SubsetEvaluator):
         return S.SubsetLosses(np.array([self.memo[tuple(s)] for s in subsets]))
 
 
+def _means(rows: list[dict], key: str) -> dict:
+    """The mean of ``key`` per estimator and budget (over seeds), budgets ascending."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault(r["estimator"], {}).setdefault(r["subsets"], []).append(r[key])
+    return {e: {m: float(np.mean(v)) for m, v in sorted(c.items())} for e, c in by.items()}
+
+
 def _curve(rows: list[dict], top: int) -> tuple[dict, float, dict]:
     """Mean accuracy per (estimator, budget); the mean estimator's at the ``top`` budget; and,
     per estimator, the smallest budget that reaches it."""
-    curve: dict = {}
-    for r in rows:
-        curve.setdefault(r["estimator"], {}).setdefault(r["subsets"], []).append(r["test_accuracy"])
-    curve = {e: {m: float(np.mean(v)) for m, v in sorted(c.items())} for e, c in curve.items()}
+    curve = _means(rows, "test_accuracy")
     target = curve["mean"][top]
     needed = {e: next((m for m, a in c.items() if a >= target - 1e-9), None) for e, c in curve.items()}
     return curve, target, needed
@@ -218,12 +223,9 @@ def estimators(args: argparse.Namespace) -> dict:
             _log(f"seed {seed} M={m}: " + ", ".join(f"{r['estimator']} {r['test_accuracy']:.3f}"
                                                     for r in rows if r["seed"] == seed and r["subsets"] == m))
     curve, target, needed = _curve(rows, max(args.budgets))
-    loss_curve: dict = {}
-    for r in rows:
-        loss_curve.setdefault(r["estimator"], {}).setdefault(r["subsets"], []).append(r["test_loss"])
-    loss_curve = {e: {m: float(np.mean(v)) for m, v in sorted(c.items())} for e, c in loss_curve.items()}
     return {"model": args.model, "task": args.task, "k": args.k, "evaluator": args.evaluator, "rows": rows,
-            "curve": curve, "target": target, "subsets_to_reach_mean_at_max": needed, "loss_curve": loss_curve,
+            "curve": curve, "target": target, "subsets_to_reach_mean_at_max": needed,
+            "loss_curve": _means(rows, "test_loss"),
             "settings": {k: getattr(args, k) for k in ("pool_size", "queries", "test_size", "seeds", "budgets")}}
 
 

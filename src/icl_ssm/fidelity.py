@@ -464,11 +464,12 @@ def answer_logits_packed(
     own = torch.zeros(sees.shape, dtype=dtype).masked_fill(~sees, low).to(device)
     attention = torch.cat([seen[:, None].expand(B, width, -1), own], dim=2)[:, None]  # (B, 1, S, L + S)
     positions = sub.next_position[:, None] + offset.to(device)
-    extra = {"logits_to_keep": keep.to(device)} if _logits_to_keep(model) else {}
+    keep = keep.to(device)
+    extra = {"logits_to_keep": keep} if _logits_to_keep(model) else {}
     with torch.no_grad():
         out = model(input_ids=ids.to(device), attention_mask=attention, position_ids=positions,
                     past_key_values=sub.to_dynamic(), use_cache=True, **extra)
-    z = out.logits if extra else out.logits[keep.to(device)]  # (n, V), row-major over kept positions
+    z = out.logits if extra else out.logits[keep]  # (n, V), row-major over kept positions
     result = torch.empty((len(suffixes), z.shape[-1]), dtype=torch.float32, device=z.device)
     result[torch.tensor(order, device=z.device)] = z.reshape(len(order), -1).float()
     return result
