@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from icl_ssm import fidelity as F
+from icl_ssm import prompts as P
 from icl_ssm import selection as S
 from icl_ssm import tasks as T
 from icl_ssm.bench_select import order_tables, tail_run
 from icl_ssm.cli import main
 from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
-from icl_ssm.models import tiny_model
+from icl_ssm.models import load_model, tiny_model
 
 
 def test_order_tables_average_the_random_draws_per_selection():
@@ -114,8 +115,31 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert set(result["curve"]) == {"mean", "ridge", "mean+adaptive", "ridge+adaptive"}
     assert result["subsets_to_reach_mean_at_max"]["mean"] <= 8
+    assert result["subsets_to_reach_mean_loss_at_max"]["mean"] <= 8
     assert set(result["loss_curve"]) == set(result["curve"]) and all(r["test_loss"] > 0 for r in result["rows"])
     assert "| estimator (test loss) |" in capsys.readouterr().out
+    # the order averaged out: each selected set scored in the same 3 random orders of its seed
+    averaged = tmp_path / "est-perm.json"
+    assert main(["bench", "estimators", *common, "--task", str(data), "--evaluator", "dense", "--k", "3",
+                 "--seeds", "0", "--budgets", "8", "--pool-size", "12", "--test-size", "4", "--permutations", "3",
+                 "--balance-labels", "--json-out", str(averaged)]) == 0
+    perm = json.loads(averaged.read_text())
+    assert perm["settings"]["permutations"] == 3 and perm["settings"]["balance_labels"] is True
+    model, tokenizer = load_model("tiny-llama")
+    task = T.get_task(str(data))
+    splits = T.split(task, pool_size=12, seed=0)
+    builder = P.PromptBuilder.for_model(model, tokenizer, task)
+    row = perm["rows"][0]
+    stream = S.balanced_subsets(12, 3, 8, np.random.default_rng(0))
+    losses = S.CacheEvaluator(model, builder, "dense", pack=True, balance_labels=True).evaluate(
+        splits.pool, splits.validation[:3], stream).losses
+    chosen = sorted(S.top_k(np.nan_to_num(S.mean_affinity(stream, losses, 12)[0], nan=-np.inf), 3))
+    rng = S.order_rng(0)
+    expected = np.mean([S.evaluate_selection(model, builder, [splits.pool[chosen[i]] for i in rng.permutation(3)],
+                                             splits.test[:4])["loss"] for _ in range(3)])
+    assert row["estimator"] == "mean" and row["test_loss"] == pytest.approx(expected, rel=1e-5)
+    assert main(["bench", "estimators", *common, "--task", str(data), "--permutations", "-1"]) == 2
+    assert "--permutations -1; expected >= 0" in capsys.readouterr().err
 
 
 def test_estimators_simulation_recovers_planted_demonstrations(tmp_path):

@@ -181,12 +181,14 @@ def _means(rows: list[dict], key: str) -> dict:
     return {e: {m: float(np.mean(v)) for m, v in sorted(c.items())} for e, c in by.items()}
 
 
-def _curve(rows: list[dict], top: int) -> tuple[dict, float, dict]:
-    """Mean accuracy per (estimator, budget); the mean estimator's at the ``top`` budget; and,
-    per estimator, the smallest budget that reaches it."""
-    curve = _means(rows, "test_accuracy")
+def _curve(rows: list[dict], top: int, key: str = "test_accuracy") -> tuple[dict, float, dict]:
+    """Mean ``key`` per (estimator, budget); the mean estimator's at the ``top`` budget; and,
+    per estimator, the smallest budget that reaches it (at least as high an accuracy, at most
+    as high a loss)."""
+    sign = -1.0 if key == "test_loss" else 1.0
+    curve = _means(rows, key)
     target = curve["mean"][top]
-    needed = {e: next((m for m, a in c.items() if a >= target - 1e-9), None) for e, c in curve.items()}
+    needed = {e: next((m for m, a in c.items() if sign * (a - target) >= -1e-9), None) for e, c in curve.items()}
     return curve, target, needed
 
 
@@ -194,8 +196,11 @@ def estimators(args: argparse.Namespace) -> dict:
     model, tokenizer, compressor = _load(args)
     task = T.get_task(args.task)
     builder = P.PromptBuilder.for_model(model, tokenizer, task)
+    if args.permutations < 0:
+        raise ValueError(f"--permutations {args.permutations}; expected >= 0 (0: the selection's own prompt order)")
     inner = S.CacheEvaluator(model, builder, args.evaluator, compressor, batch=args.batch,
-                             query_batch=args.query_batch, pack=args.evaluator == "dense")
+                             query_batch=args.query_batch, pack=args.evaluator == "dense",
+                             balance_labels=args.balance_labels)
     rows = []
     for seed in args.seeds:
         splits = T.split(task, pool_size=args.pool_size, seed=seed)
@@ -204,9 +209,16 @@ def estimators(args: argparse.Namespace) -> dict:
         memo, measured = _Memo(inner), {}
 
         def test_acc(indices):
-            key = tuple(indices)
+            """The set's test accuracy and loss: in its own order, or averaged over the same
+            ``--permutations`` random orders for every set of the seed (the order averaged out)."""
+            key = tuple(sorted(indices)) if args.permutations else tuple(indices)
             if key not in measured:
-                measured[key] = S.evaluate_selection(model, builder, [pool[i] for i in indices], test)
+                rng = S.order_rng(seed)
+                orders = [list(key)] if not args.permutations else [
+                    [key[i] for i in rng.permutation(len(key))] for _ in range(args.permutations)]
+                runs = [S.evaluate_selection(model, builder, [pool[i] for i in o], test,
+                                             query_batch=args.query_batch) for o in orders]
+                measured[key] = {m: float(np.mean([r[m] for r in runs])) for m in ("accuracy", "loss")}
             return {"test_accuracy": measured[key]["accuracy"], "test_loss": measured[key]["loss"]}
 
         stream = S.balanced_subsets(n, args.k, max(args.budgets), np.random.default_rng(seed))
@@ -223,10 +235,12 @@ def estimators(args: argparse.Namespace) -> dict:
             _log(f"seed {seed} M={m}: " + ", ".join(f"{r['estimator']} {r['test_accuracy']:.3f}"
                                                     for r in rows if r["seed"] == seed and r["subsets"] == m))
     curve, target, needed = _curve(rows, max(args.budgets))
+    loss_curve, loss_target, loss_needed = _curve(rows, max(args.budgets), "test_loss")
     return {"model": args.model, "task": args.task, "k": args.k, "evaluator": args.evaluator, "rows": rows,
             "curve": curve, "target": target, "subsets_to_reach_mean_at_max": needed,
-            "loss_curve": _means(rows, "test_loss"),
-            "settings": {k: getattr(args, k) for k in ("pool_size", "queries", "test_size", "seeds", "budgets")}}
+            "loss_curve": loss_curve, "loss_target": loss_target, "subsets_to_reach_mean_loss_at_max": loss_needed,
+            "settings": {k: getattr(args, k) for k in ("pool_size", "queries", "test_size", "seeds", "budgets",
+                                                       "permutations", "balance_labels")}}
 
 
 def estimators_sim(args: argparse.Namespace) -> dict:
@@ -419,9 +433,10 @@ def _markdown(kind: str, result: dict) -> str:
         lines.append(f"| {est} | " + " | ".join(f"{100 * c[m]:.1f}" for m in budgets)
                      + f" | {result['subsets_to_reach_mean_at_max'][est]} |")
     if result.get("loss_curve"):  # estimators on a real model: the selected set's mean test loss too
-        lines += ["", "| estimator (test loss) | " + " | ".join(f"M={m}" for m in budgets) + " |",
-                  "|---|" + "---:|" * len(budgets)]
-        lines += [f"| {est} | " + " | ".join(f"{c[m]:.4f}" for m in budgets) + " |"
+        reach = result.get("subsets_to_reach_mean_loss_at_max", {})
+        lines += ["", "| estimator (test loss) | " + " | ".join(f"M={m}" for m in budgets)
+                  + " | subsets to reach mean@max |", "|---|" + "---:|" * (len(budgets) + 1)]
+        lines += [f"| {est} | " + " | ".join(f"{c[m]:.4f}" for m in budgets) + f" | {reach.get(est, '—')} |"
                   for est, c in result["loss_curve"].items()]
     return "\n".join(lines)
 
@@ -507,6 +522,10 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--budgets", type=int, nargs="+", default=[10, 20, 40, 80])
     p.add_argument("--pool-size", type=int, default=100)
     p.add_argument("--test-size", type=int, default=200)
+    p.add_argument("--permutations", type=int, default=0,
+                   help="score each selected set in this many random orders and average (0: its own order)")
+    p.add_argument("--balance-labels", action="store_true",
+                   help="a subset's loss is the mean of its per-label mean validation losses (classification)")
     p.set_defaults(func=_run("estimators", estimators))
 
     p = kinds.add_parser("estimators-sim", formatter_class=fmt,
