@@ -20,6 +20,7 @@ from icl_ssm.models import (
     tiny_model,
     tiny_tokenizer,
 )
+from icl_ssm.prompts import output_cache
 
 # the pre-tokenizer regex of Llama-3 / Qwen2: punctuation absorbs the newlines after it
 LLAMA3_PATTERN = (
@@ -198,8 +199,7 @@ def exact_prefix(model, prompts: list[list[int]], side: str = "right") -> FakePr
         mask[b, lo : lo + len(p)] = True
     positions = (mask.long().cumsum(1) - 1).clamp(min=0)
     with torch.no_grad():
-        cache = model(ids, attention_mask=mask.long(), position_ids=positions,
-                      use_cache=True).past_key_values  # fmt: skip
+        cache = output_cache(model(ids, attention_mask=mask.long(), position_ids=positions, use_cache=True))
     keys = tuple(layer.keys for layer in cache.layers)
     values = tuple(layer.values for layer in cache.layers)
     return FakePrefix(keys, values, mask, mask.sum(1))

@@ -6,6 +6,7 @@ import torch
 from icl_ssm import cache as K
 from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig, load_compressor, parameter_budget
 from icl_ssm.models import tiny_config, tiny_model
+from icl_ssm.prompts import output_cache
 
 ARCHS = [("llama", {}), ("qwen2", {}), ("llama", {"head_dim": 24, "num_key_value_heads": 1})]
 
@@ -250,7 +251,7 @@ def test_hybrid_cache_keeps_recent_tokens_on_top_of_the_summary(model):
         summary = K.compressed_cache(model, plain, ids[b : b + 1, : L - 3])
         recent = K.forward_with_prefix(model, summary, ids[b : b + 1, L - 3 : L])
         for layer in (0, -1):
-            torch.testing.assert_close(pc.keys[layer][b : b + 1], recent.past_key_values.layers[layer].keys,
+            torch.testing.assert_close(pc.keys[layer][b : b + 1], output_cache(recent).layers[layer].keys,
                                        rtol=1e-4, atol=1e-5)
         alone = K.compressed_cache(model, comp, ids[b : b + 1, :L])
         torch.testing.assert_close(K.forward_with_prefix(model, alone, query[b : b + 1]).logits[0], batched[b],
@@ -370,9 +371,27 @@ def test_an_extended_prefix_equals_the_longer_prompt():
     head = K.exact_cache(model, ids[:, :8])
     with torch.no_grad():
         out = K.forward_with_prefix(model, head, ids[:, 8:])
-    joined = head.extended(out.past_key_values, torch.ones(2, 4, dtype=torch.bool))
+    joined = head.extended(output_cache(out), torch.ones(2, 4, dtype=torch.bool))
     assert joined.length == 12 and joined.next_position.tolist() == [12, 12]
     for a, b in zip(joined.keys + joined.values, full.keys + full.values, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="the cache holds 12 slots; expected this prefix's 8 \\+ 3 new ones"):
-        head.extended(out.past_key_values, torch.ones(2, 3, dtype=torch.bool))
+        head.extended(output_cache(out), torch.ones(2, 3, dtype=torch.bool))
+
+
+def test_cache_paths_use_the_installed_transformers_cache_argument():
+    """No deprecated forward argument on any cache path: transformers 5.24 renamed
+    ``past_key_values`` to ``cache`` and removes the old name in 5.40."""
+    import warnings
+
+    model = tiny_model("llama").eval()
+    torch.manual_seed(0)
+    ids = torch.randint(3, 100, (2, 10))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        prefix = K.exact_cache(model, ids[:, :7])
+        with torch.no_grad():
+            out = K.forward_with_prefix(model, prefix, ids[:, 7:])
+        joined = prefix.extended(output_cache(out), torch.ones(2, 3, dtype=torch.bool))
+        new = K.generate_with_prefix(model, prefix, ids[:, 7:], max_new_tokens=2, do_sample=False)
+    assert joined.length == 10 and new.shape == (2, 2)

@@ -28,6 +28,7 @@ from icl_ssm.prompts import (
     continuation_logprobs_ref,
     generate_answers,
     greedy_generate,
+    output_cache,
     predict_labels,
     score_labels,
 )
@@ -280,7 +281,7 @@ def test_continuations_sharing_a_prefix_share_a_row(tokenizers, llama):
 
 def _prefix_cache(model, ids):
     with torch.no_grad():
-        return model(torch.tensor([ids]), use_cache=True).past_key_values
+        return output_cache(model(torch.tensor([ids]), use_cache=True))
 
 
 @pytest.mark.parametrize("reference", [False, True], ids=["fast", "reference"])

@@ -31,7 +31,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
 from icl_ssm.compressor import SSMCompressor
-from icl_ssm.prompts import greedy_generate, prefix_attention_mask
+from icl_ssm.prompts import greedy_generate, output_cache, prefix_attention_mask, with_cache
 
 
 @dataclass(frozen=True)
@@ -73,15 +73,15 @@ class PrefixCache:
         """Each row ``n`` times in a row: ``(B, ...) -> (B * n, ...)``."""
         return self.select(torch.arange(self.batch_size).repeat_interleave(n))
 
-    def extended(self, past_key_values: DynamicCache, mask: Tensor) -> PrefixCache:
+    def extended(self, cache: DynamicCache, mask: Tensor) -> PrefixCache:
         """This prefix followed by the tokens a forward after it has just read.
 
-        ``past_key_values``: that forward's cache (these ``length`` slots, then ``q`` new ones);
+        ``cache``: that forward's cache (these ``length`` slots, then ``q`` new ones);
         ``mask: (B, q)`` its real tokens (padding slots stay masked). A gate bias stays on the
         old slots; the new ones are real tokens (bias 0). Reading a shared query once and then
         only what differs (one branch per label) rests on this.
         """
-        keys, values = _kv_from_cache(past_key_values)
+        keys, values = _kv_from_cache(cache)
         mask = mask.bool().to(self.mask.device)
         if keys[0].shape[2] != self.length + mask.shape[1]:
             raise ValueError(f"the cache holds {keys[0].shape[2]} slots; expected this prefix's {self.length} "
@@ -132,14 +132,14 @@ def teacher_forward(
     mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
     return model(input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids,
-                 past_key_values=DynamicCache(), use_cache=True, **kwargs)
+                 use_cache=True, **with_cache(model, DynamicCache()), **kwargs)
 
 
 def exact_cache(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | None = None) -> PrefixCache:
     """The teacher's own K/V of the whole (right-padded) prompt ``input_ids: (B, T)``."""
     mask = _check_prompt(input_ids, attention_mask)
     out = teacher_forward(model, input_ids, mask)
-    keys, values = _kv_from_cache(out.past_key_values)
+    keys, values = _kv_from_cache(output_cache(out))
     lengths = mask.sum(1)
     return PrefixCache(keys, values, mask, next_position=lengths, prompt_length=lengths)
 
@@ -157,7 +157,7 @@ def sink_kv(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | 
     if num_sink == 0:
         return None
     out = teacher_forward(model, input_ids[:, :num_sink])
-    return _kv_from_cache(out.past_key_values)
+    return _kv_from_cache(output_cache(out))
 
 
 def summary_inputs(model: PreTrainedModel, compressor: SSMCompressor, input_ids: Tensor,
@@ -218,7 +218,7 @@ def compressed_cache(
     cols = (lengths - c.num_recent)[:, None] + torch.arange(c.num_recent, device=input_ids.device)[None]
     recent = input_ids.gather(1, cols)  # (B, w)
     out = forward_with_prefix(model, prefix, recent)
-    keys, values = _kv_from_cache(out.past_key_values)
+    keys, values = _kv_from_cache(output_cache(out))
     full_mask = torch.ones(B, c.cache_length, dtype=torch.bool, device=input_ids.device)
     if bias is not None:
         bias = torch.cat([bias, bias.new_zeros(B, c.num_recent)], dim=1)
@@ -259,13 +259,14 @@ def window_cache(
         ids[b, L - len(keep):] = input_ids[b, keep]
         slot[b, L - len(keep):] = True
     out = teacher_forward(model, ids, slot)
-    keys, values = _kv_from_cache(out.past_key_values)
+    keys, values = _kv_from_cache(output_cache(out))
     start = slot.sum(1) if position == "compressed" else lengths
     return PrefixCache(keys, values, slot, next_position=start, prompt_length=lengths)
 
 
-def query_inputs(prefix: PrefixCache, input_ids: Tensor, attention_mask: Tensor | None = None) -> dict:
-    """Model kwargs to run ``input_ids: (B, q)`` after ``prefix`` (same batch size).
+def query_inputs(model: PreTrainedModel, prefix: PrefixCache, input_ids: Tensor,
+                 attention_mask: Tensor | None = None) -> dict:
+    """``model``'s kwargs to run ``input_ids: (B, q)`` after ``prefix`` (same batch size).
 
     The query may be left- or right-padded: position ids count its real tokens from
     ``prefix.next_position``.
@@ -279,7 +280,7 @@ def query_inputs(prefix: PrefixCache, input_ids: Tensor, attention_mask: Tensor 
     position_ids = prefix.next_position[:, None] + (qmask.long().cumsum(1) - 1).clamp(min=0)
     full_mask = prefix_attention_mask(prefix.mask, qmask, prefix.bias, dtype=prefix.keys[0].dtype)
     return {"input_ids": input_ids, "attention_mask": full_mask, "position_ids": position_ids,
-            "past_key_values": prefix.to_dynamic()}
+            **with_cache(model, prefix.to_dynamic())}
 
 
 def forward_with_prefix(
@@ -290,7 +291,7 @@ def forward_with_prefix(
     **kwargs,
 ):
     """``model(...)`` on the query ``input_ids: (B, q)`` after ``prefix``; logits ``(B, q, vocab)``."""
-    return model(**query_inputs(prefix, input_ids, attention_mask), use_cache=True, **kwargs)
+    return model(**query_inputs(model, prefix, input_ids, attention_mask), use_cache=True, **kwargs)
 
 
 def generate_with_prefix(
@@ -314,7 +315,7 @@ def generate_with_prefix(
     """
     if prefix.bias is not None:
         return _greedy_from_gated(model, prefix, input_ids, attention_mask, **generate_kwargs)
-    inputs = query_inputs(prefix, input_ids, attention_mask)
+    inputs = query_inputs(model, prefix, input_ids, attention_mask)
     B, L = prefix.batch_size, prefix.length
     placeholder = torch.zeros(B, L, dtype=input_ids.dtype, device=input_ids.device)
     positions = torch.cat([torch.zeros(B, L, dtype=torch.long, device=input_ids.device),
@@ -323,7 +324,7 @@ def generate_with_prefix(
         input_ids=torch.cat([placeholder, input_ids], dim=1),
         attention_mask=inputs["attention_mask"],
         position_ids=positions,
-        past_key_values=inputs["past_key_values"],
+        **{name: inputs[name] for name in ("cache", "past_key_values") if name in inputs},
         **generate_kwargs,
     )
     return out[:, L + input_ids.shape[1]:]

@@ -468,7 +468,7 @@ def answer_logits_packed(
     extra = {"logits_to_keep": keep} if _logits_to_keep(model) else {}
     with torch.no_grad():
         out = model(input_ids=ids.to(device), attention_mask=attention, position_ids=positions,
-                    past_key_values=sub.to_dynamic(), use_cache=True, **extra)
+                    use_cache=True, **P.with_cache(model, sub.to_dynamic()), **extra)
     z = out.logits if extra else out.logits[keep]  # (n, V), row-major over kept positions
     result = torch.empty((len(suffixes), z.shape[-1]), dtype=torch.float32, device=z.device)
     result[torch.tensor(order, device=z.device)] = z.reshape(len(order), -1).float()
@@ -528,7 +528,7 @@ def answer_scores(
             nodes.setdefault(tuple(r[:j]), len(nodes))  # a parent is always entered before its children
     if nodes:
         n, order = len(suffixes), list(nodes)
-        extended = sub.extended(out.past_key_values, mask)
+        extended = sub.extended(P.output_cache(out), mask)
         dtype = extended.keys[0].dtype
         low = torch.finfo(dtype).min
         bias = torch.zeros(extended.mask.shape, dtype=dtype, device=device)
@@ -543,7 +543,7 @@ def answer_scores(
         with torch.no_grad():
             branch = model(input_ids=torch.tensor([key[-1] for key in order], device=device)[None].expand(n, q),
                            attention_mask=attention, position_ids=extended.next_position[:, None] + depth[None],
-                           past_key_values=extended.to_dynamic(), use_cache=True)
+                           use_cache=True, **P.with_cache(model, extended.to_dynamic()))
         node_logp = torch.log_softmax(branch.logits.float(), dim=-1)  # (n, q, V)
         for i, r in enumerate(rest):
             for j in range(1, len(r)):

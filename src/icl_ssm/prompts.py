@@ -652,8 +652,8 @@ def continuation_logprobs_ref(
                 input_ids=ids,
                 attention_mask=mask,
                 position_ids=positions,
-                past_key_values=cache,
                 use_cache=cache is not None,
+                **with_cache(model, cache),
             ).logits  # (1, seq, vocab)
         logprobs = logits[0].float().log_softmax(-1)  # (seq, vocab)
         steps = torch.arange(len(cont), device=device)
@@ -783,11 +783,11 @@ def greedy_generate(
                     input_ids=step_ids,
                     attention_mask=prefix_attention_mask(prefix_mask, seen, bias, step_ids.shape[1], model.dtype),
                     position_ids=positions,  # (batch, step)
-                    past_key_values=cache,
                     use_cache=True,
+                    **with_cache(model, cache),
                     **extra,
                 )
-            cache = out.past_key_values
+            cache = output_cache(out)
             next_ids = out.logits[:, -1].argmax(-1)  # (batch,)
             for b, tok in enumerate(next_ids.tolist()):
                 if done[b]:
@@ -935,8 +935,8 @@ def _forward_logprobs(
     kwargs: dict[str, Any] = {
         "attention_mask": prefix_attention_mask(prefix_mask, attention_mask, bias, dtype=model.dtype),
         "position_ids": positions,
-        "past_key_values": cache,
         "use_cache": cache is not None,
+        **with_cache(model, cache),
     }
     keep_t = torch.tensor(keep, device=input_ids.device)
     with torch.no_grad():
@@ -1087,7 +1087,28 @@ def _accepts_logits_to_keep(model: PreTrainedModel) -> bool:
     return _LOGITS_TO_KEEP[cls]
 
 
+_CACHE_ARGUMENT: dict[type, str] = {}
+
+
+def with_cache(model: PreTrainedModel, cache: Any) -> dict[str, Any]:
+    """``{name: cache}`` for ``model(...)`` and ``model.generate(...)``: transformers 5.24 renamed
+    the forward's ``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40), so the
+    name is read from the model's signature once per class."""
+    cls = type(model)
+    if cls not in _CACHE_ARGUMENT:
+        params = inspect.signature(model.forward).parameters
+        _CACHE_ARGUMENT[cls] = "cache" if "cache" in params else "past_key_values"
+    return {_CACHE_ARGUMENT[cls]: cache}
+
+
+def output_cache(out: Any) -> Any:
+    """The cache a forward returned, under the name of the installed transformers."""
+    return out["cache"] if "cache" in out else out["past_key_values"]
+
+
 __all__ = [
+    "with_cache",
+    "output_cache",
     "pad_ids",
     "PADDING_SIDES",
     "SEPARATOR",
