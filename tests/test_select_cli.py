@@ -71,6 +71,19 @@ def test_dense_evaluator_and_ridge(files, capsys):
     assert summary["evaluator"] == "dense" and summary["estimator"] == "ridge" and summary["subsets"] == 16
 
 
+def test_packed_queries_by_default_select_like_the_padded_batches(files, tmp_path, capsys):
+    runs = {}
+    for name, extra in (("packed", []), ("batched", ["--no-pack"])):
+        out = tmp_path / name
+        runs[name] = run_json(capsys, *args(files, "--compressor", files["comp"], "--subsets", "16", "--out", str(out)),
+                              *extra)
+        runs[name]["scores"] = [json.loads(line)["score"] for line in (out / "selected.jsonl").read_text().splitlines()]
+        assert json.loads((out / "select_config.json").read_text())["pack"] is (name == "packed")
+    assert runs["packed"]["indices"] == runs["batched"]["indices"]
+    assert runs["packed"]["scores"] == pytest.approx(runs["batched"]["scores"], abs=1e-4)
+    assert runs["packed"]["flops"] < runs["batched"]["flops"]  # no cache copies, no padding
+
+
 def test_label_balanced_affinity(files, tmp_path, capsys):
     out = tmp_path / "bal"
     summary = run_json(capsys, *args(files, "--compressor", files["comp"], "--subsets", "16", "--balance-labels",

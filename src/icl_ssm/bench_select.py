@@ -199,8 +199,7 @@ def estimators(args: argparse.Namespace) -> dict:
     if args.permutations < 0:
         raise ValueError(f"--permutations {args.permutations}; expected >= 0 (0: the selection's own prompt order)")
     inner = S.CacheEvaluator(model, builder, args.evaluator, compressor, batch=args.batch,
-                             query_batch=args.query_batch, pack=args.evaluator == "dense",
-                             balance_labels=args.balance_labels)
+                             query_batch=args.query_batch, balance_labels=args.balance_labels)
     rows = []
     for seed in args.seeds:
         splits = T.split(task, pool_size=args.pool_size, seed=seed)

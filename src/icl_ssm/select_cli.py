@@ -55,6 +55,7 @@ class SelectConfig:
     loss: str = "nll"
     batch: int = 8
     query_batch: int = 32
+    pack: bool = True  # a subset's queries read as segments of one sequence after its cache (see CacheEvaluator)
     balance_labels: bool = False  # a subset's loss: the mean of its per-label mean validation losses
     order: str = "score"  # prompt order of the chosen demonstrations: ORDERS
     order_candidates: int = 10  # --order search: orders scored on the validation queries
@@ -93,7 +94,8 @@ def make_selector(cfg: SelectConfig, model, builder: P.PromptBuilder, compressor
                                                                     balance_labels=cfg.balance_labels)
         else:
             evaluator = S.CacheEvaluator(model, builder, cfg.evaluator, compressor, loss=cfg.loss, batch=cfg.batch,
-                                         query_batch=cfg.query_batch, balance_labels=cfg.balance_labels)
+                                         query_batch=cfg.query_batch, balance_labels=cfg.balance_labels,
+                                         pack=cfg.pack)
         return S.AffinitySelector(evaluator, subsets=cfg.subsets, estimator=cfg.estimator, coverage=cfg.coverage,
                                   adaptive=cfg.adaptive, eps=cfg.eps, chunk=cfg.batch, progress=progress)
     cls = S.SELECTORS[cfg.method]
@@ -267,6 +269,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loss", default=d.loss, choices=LOSSES, help="per-query loss: gold NLL or label-set CE")
     p.add_argument("--batch", type=int, default=d.batch, help="subsets encoded together")
     p.add_argument("--query-batch", type=int, default=d.query_batch, help="(subset, query) pairs answered together")
+    p.add_argument("--no-pack", dest="pack", action="store_false",
+                   help="answer each (subset, query) pair after its own copy of the subset's cache (padded batches) "
+                        "instead of a subset's queries packed into one sequence after one copy")
     p.add_argument("--balance-labels", action="store_true",
                    help="affinity: a subset's loss is the mean of its per-label mean validation losses, so the "
                         "label mix of the validation queries does not decide (classification tasks)")

@@ -299,11 +299,13 @@ class CacheEvaluator(SubsetEvaluator):
     dense, the sinks for compressed, plus every query suffix); the SSM reads embeddings.
     ``balance_labels``: a subset's loss is the mean of its per-label mean losses (classification;
     see :func:`icl_ssm.fidelity.label_weights`), so the label mix of the validation queries does
-    not decide which subsets look best. ``pack``: a subset's queries are read as segments of one
-    sequence after its cache instead of each after its own copy of it
-    (:func:`icl_ssm.fidelity.answer_logits_packed`): the same losses up to float rounding, no
-    cache copies and no padding (at k = 50 with 16 reviews: half the compressed evaluator's
-    FLOPs, half the dense one's seconds; BENCHMARKS.md).
+    not decide which subsets look best. ``pack`` (default): a subset's queries are read as
+    segments of one sequence after its cache (:func:`icl_ssm.fidelity.answer_logits_packed`)
+    instead of each after its own copy of it (``pack=False``, the padded batches of
+    :func:`icl_ssm.fidelity.answer_logits`): the same losses up to float rounding, no cache
+    copies and no padding (at k = 50 with 16 reviews: half the compressed evaluator's FLOPs,
+    half the dense one's seconds; BENCHMARKS.md). A packed row's attention is quadratic in
+    ``query_batch`` times the query length: lower ``query_batch`` for long queries.
     """
 
     model: PreTrainedModel
@@ -314,7 +316,7 @@ class CacheEvaluator(SubsetEvaluator):
     batch: int = 8
     query_batch: int = 32
     balance_labels: bool = False
-    pack: bool = False
+    pack: bool = True
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
