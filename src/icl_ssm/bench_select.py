@@ -4,8 +4,9 @@
   evaluators - compressed caches, dense prefix caches shared by a subset's queries, and one
   full dense prompt per query (the paper's accounting) - at several ``k``, in one run;
 * ``select-quality``: test accuracy of every method over tasks and seeds (mean and std);
-* ``estimators``: test accuracy of the selected set against the number of subsets, for the
-  mean and ridge estimators on one stream of subsets and for adaptive sampling;
+* ``estimators``: test accuracy and loss of the selected set against the number of subsets,
+  for the mean and ridge estimators on one stream of subsets and for adaptive sampling
+  (``--permutations``: each set's order averaged out);
 * ``select-order``: the selections of earlier ``select-quality`` reports scored again on the
   test set in every prompt order of :func:`icl_ssm.selection.arrange`.
 """
