@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -379,14 +378,8 @@ def logit_agreement(z_ref: Tensor, z: Tensor) -> LogitAgreement:
     return LogitAgreement(rel.float(), kl.float(), top1)
 
 
-_LOGITS_TO_KEEP: dict[type, bool] = {}
-
-
 def _logits_to_keep(model: PreTrainedModel) -> dict[str, int]:
-    cls = type(model)
-    if cls not in _LOGITS_TO_KEEP:
-        _LOGITS_TO_KEEP[cls] = "logits_to_keep" in inspect.signature(model.forward).parameters
-    return {"logits_to_keep": 1} if _LOGITS_TO_KEEP[cls] else {}
+    return {"logits_to_keep": 1} if P._accepts_logits_to_keep(model) else {}
 
 
 def answer_logits(
