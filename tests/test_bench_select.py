@@ -138,6 +138,19 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
     expected = np.mean([S.evaluate_selection(model, builder, [splits.pool[chosen[i]] for i in rng.permutation(3)],
                                              splits.test[:4])["loss"] for _ in range(3)])
     assert row["estimator"] == "mean" and row["test_loss"] == pytest.approx(expected, rel=1e-5)
+    quota = tmp_path / "est-quota.json"
+    assert main(["bench", "estimators", *common, "--task", str(data), "--evaluator", "dense", "--k", "4",
+                 "--seeds", "0", "--budgets", "8", "--pool-size", "12", "--test-size", "4", "--per-label",
+                 "--no-adaptive", "--json-out", str(quota)]) == 0
+    rows = {r["estimator"]: r for r in json.loads(quota.read_text())["rows"]}
+    assert set(rows) == {"mean", "ridge", "mean/per-label", "ridge/per-label"}  # no adaptive rounds
+    stream = S.balanced_subsets(12, 4, 8, np.random.default_rng(0))
+    losses = S.CacheEvaluator(model, builder, "dense", pack=True).evaluate(
+        splits.pool, splits.validation[:3], stream).losses
+    scores = S.mean_affinity(stream, losses, 12)[0]
+    assert rows["mean"]["indices"] == S.top_k(scores, 4)
+    assert rows["mean/per-label"]["indices"] == S.top_k_per_label(scores, [e.target for e in splits.pool], 4)
+    assert rows["mean/per-label"]["labels"] == {"no": 2, "yes": 2}
     assert main(["bench", "estimators", *common, "--task", str(data), "--permutations", "-1"]) == 2
     assert "--permutations -1; expected >= 0" in capsys.readouterr().err
 

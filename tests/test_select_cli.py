@@ -93,6 +93,32 @@ def test_label_balanced_affinity(files, tmp_path, capsys):
     assert {"split_half", "reliability", "queries_needed"} <= set(summary)
 
 
+def test_per_label_shares_the_places_out_over_the_labels(files, tmp_path, capsys):
+    from icl_ssm import selection as S
+    from icl_ssm.models import load_model
+    from icl_ssm.select_cli import SelectConfig, select_demonstrations
+
+    model, tokenizer = load_model("tiny-llama")
+    for method, seed in (("random", 1), ("bm25", 0)):  # random's seed-1 choice leans 3:1 to "yes"
+        labels = [e.target for e in T.split(T.get_task(files["data"]), pool_size=24, seed=seed).pool]
+        cfg = SelectConfig(model="tiny-llama", task=files["data"], k=4, method=method, pool_size=24, queries=3,
+                           test_size=6, seed=seed)
+        base, _, _ = select_demonstrations(cfg, model, tokenizer)
+        out = tmp_path / method
+        quota = run_json(capsys, *args(files, "--method", method, "--k", "4", "--seed", str(seed), "--per-label",
+                                       "--out", str(out)))
+        assert quota["per_label"] is True
+        if method == "random":
+            assert sorted(labels[i] for i in base.indices) == ["no"] + ["yes"] * 3
+        assert sorted(labels[i] for i in quota["indices"]) == ["no"] * 2 + ["yes"] * 2
+        assert quota["indices"] == S.top_k_per_label(base.scores, labels, 4)  # the same scores, re-chosen
+        assert json.loads((out / "select_config.json").read_text())["per_label"] is True
+    many = tmp_path / "many.jsonl"
+    many.write_text("".join(json.dumps({"text": f"x {i}", "label": str(i % 5)}) + "\n" for i in range(60)))
+    assert main(args({"data": str(many)}, "--method", "random", "--per-label")) == 2
+    assert "shares the k=3 places out over the pool's labels, but task" in capsys.readouterr().err
+
+
 def test_order_rearranges_the_same_selection(files, tmp_path, capsys):
     base = run_json(capsys, *args(files, "--method", "random", "--k", "5"))
     out = tmp_path / "mixed"

@@ -177,6 +177,38 @@ def test_top_k_orders_best_last_and_skips_nan():
         S.top_k(scores, 5)
 
 
+def test_top_k_per_label_matches_the_enumeration():
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        n = int(rng.integers(3, 10))
+        labels = [str(y) for y in rng.integers(0, int(rng.integers(1, 4)), size=n)]
+        k = int(rng.integers(max(1, len(set(labels))), n + 1))
+        scores = rng.normal(size=n)
+        scores[rng.random(n) < 0.2] = np.nan  # unseen candidates are never chosen
+        if np.isfinite(scores).sum() < k:
+            continue
+        fast = S.top_k_per_label(scores, labels, k)
+        assert fast == S.top_k_per_label_ref(scores, labels, k), trial
+        assert all(np.isfinite(scores[fast])) and list(scores[fast]) == sorted(scores[fast])  # best last
+    # a pool leaning 6:2 to one label whose best scores are all "a": the plain top 4 is all "a"
+    scores = np.array([9.0, 8, 7, 6, 5, 4, 1, 0])
+    labels = ["a"] * 6 + ["b"] * 2
+    assert S.top_k(scores, 4) == [3, 2, 1, 0]
+    assert S.top_k_per_label(scores, labels, 4) == [7, 6, 1, 0]
+    assert S.top_k_per_label(scores, labels, 5) == [7, 6, 2, 1, 0]  # the odd place: the best of the rest
+    one_b = np.array([9.0, 8, 7, 6, 5, 4, np.nan, 0])
+    assert S.top_k_per_label(one_b, labels, 4) == [7, 2, 1, 0]  # "b" has one scored candidate for 2 places
+    with pytest.raises(ValueError, match="at most k=2 distinct labels; the candidates have 3"):
+        S.top_k_per_label(scores[:3], ["a", "b", "c"], 2)
+    with pytest.raises(ValueError, match="3 labels for 8 scores"):
+        S.top_k_per_label(scores, labels[:3], 2)
+    sel = S.Selection("random", S.top_k(scores, 4), scores, details={"x": 1})
+    pool = [T.Example(str(i), "", y) for i, y in enumerate(labels)]
+    again = S.per_label(sel, pool)
+    assert again.indices == [7, 6, 1, 0] and again.details == {"x": 1, "per_label": True}
+    assert sel.indices == [3, 2, 1, 0]  # the original selection is left as it was
+
+
 def test_arrange_spreads_each_label_and_keeps_the_better_ones_later():
     idx, labels = list(range(10)), ["neg"] * 3 + ["pos"] * 7  # ascending score: 9 is the best
     assert S.arrange(idx, labels, "score", np.random.default_rng(0)) == idx

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -93,7 +94,7 @@ def select_quality(args: argparse.Namespace) -> dict:
             base = SelectConfig(model=args.model, task=task_name, k=args.k, compressor=args.compressor,
                                 subsets=args.subsets, estimator=args.estimator, queries=args.queries,
                                 test_size=args.test_size, pool_size=args.pool_size, seed=seed, batch=args.batch,
-                                query_batch=args.query_batch, order=args.order,
+                                query_batch=args.query_batch, order=args.order, per_label=args.per_label,
                                 balance_labels=args.balance_labels and task.kind == "classification")
             for method in args.methods:
                 name, evaluator = _method(method)
@@ -122,7 +123,7 @@ def select_quality(args: argparse.Namespace) -> dict:
     return {"model": args.model, "k": args.k, "seeds": args.seeds, "runs": runs, "table": table,
             "agreement": agreement(runs, args.k),
             "settings": {k: getattr(args, k) for k in ("pool_size", "queries", "test_size", "subsets", "estimator",
-                                                       "balance_labels", "order")}}
+                                                       "balance_labels", "order", "per_label")}}
 
 
 def _method(method: str) -> tuple[str, str]:
@@ -223,15 +224,23 @@ def estimators(args: argparse.Namespace) -> dict:
 
         stream = S.balanced_subsets(n, args.k, max(args.budgets), np.random.default_rng(seed))
         losses = memo.evaluate(pool, validation, stream).losses
+        labels = [e.target for e in pool]
+
+        def row(estimator, m, indices):
+            return {"seed": seed, "estimator": estimator, "subsets": m, "indices": list(map(int, indices)),
+                    "labels": dict(sorted(Counter(labels[i] for i in indices).items())), **test_acc(indices)}
+
         for m in args.budgets:
             for est, fn in (("mean", S.mean_affinity), ("ridge", S.ridge_affinity)):
                 scores, _ = fn(stream[:m], losses[:m], n)
-                rows.append({"seed": seed, "estimator": est, "subsets": m,
-                             **test_acc(S.top_k(np.nan_to_num(scores, nan=-np.inf), args.k))})
-            for est in ("mean", "ridge"):  # first round: the stream's first m/2 subsets (memo hits, paired)
+                rows.append(row(est, m, S.top_k(scores, args.k)))
+                if args.per_label:  # the same scores, the k places shared out over the labels
+                    rows.append(row(f"{est}/per-label", m, S.top_k_per_label(scores, labels, args.k)))
+            for est in ("mean", "ridge") if args.adaptive else ():
+                # first round: the stream's first m/2 subsets (memo hits, paired)
                 sel = S.AffinitySelector(memo, subsets=m, estimator=est, adaptive=0.5, coverage=0).select(
                     pool, validation, args.k, np.random.default_rng(seed))
-                rows.append({"seed": seed, "estimator": f"{est}+adaptive", "subsets": m, **test_acc(sel.indices)})
+                rows.append(row(f"{est}+adaptive", m, sel.indices))
             _log(f"seed {seed} M={m}: " + ", ".join(f"{r['estimator']} {r['test_accuracy']:.3f}"
                                                     for r in rows if r["seed"] == seed and r["subsets"] == m))
     curve, target, needed = _curve(rows, max(args.budgets))
@@ -240,7 +249,7 @@ def estimators(args: argparse.Namespace) -> dict:
             "curve": curve, "target": target, "subsets_to_reach_mean_at_max": needed,
             "loss_curve": loss_curve, "loss_target": loss_target, "subsets_to_reach_mean_loss_at_max": loss_needed,
             "settings": {k: getattr(args, k) for k in ("pool_size", "queries", "test_size", "seeds", "budgets",
-                                                       "permutations", "balance_labels")}}
+                                                       "permutations", "balance_labels", "per_label", "adaptive")}}
 
 
 def estimators_sim(args: argparse.Namespace) -> dict:
@@ -500,6 +509,8 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
                    help="affinity: a subset's loss is the mean of its per-label mean validation losses "
                         "(classification tasks)")
     p.add_argument("--order", default="score", choices=ORDERS, help="prompt order of the chosen demonstrations")
+    p.add_argument("--per-label", action="store_true",
+                   help="every method: the k places shared out evenly over the pool's labels (select --per-label)")
     p.set_defaults(func=_run("select-quality", select_quality))
 
     p = kinds.add_parser("select-order", formatter_class=fmt,
@@ -526,6 +537,11 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
                    help="score each selected set in this many random orders and average (0: its own order)")
     p.add_argument("--balance-labels", action="store_true",
                    help="a subset's loss is the mean of its per-label mean validation losses (classification)")
+    p.add_argument("--per-label", action="store_true",
+                   help="also rows mean/per-label and ridge/per-label: the same scores, the k places shared out "
+                        "evenly over the pool's labels")
+    p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
+                   help="leave out adaptive sampling (its second rounds cost subsets of their own)")
     p.set_defaults(func=_run("estimators", estimators))
 
     p = kinds.add_parser("estimators-sim", formatter_class=fmt,

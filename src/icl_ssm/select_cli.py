@@ -57,6 +57,7 @@ class SelectConfig:
     query_batch: int = 32
     pack: bool = True  # a subset's queries read as segments of one sequence after its cache (see CacheEvaluator)
     balance_labels: bool = False  # a subset's loss: the mean of its per-label mean validation losses
+    per_label: bool = False  # the k places shared out evenly over the pool's labels (S.top_k_per_label)
     order: str = "score"  # prompt order of the chosen demonstrations: ORDERS
     order_candidates: int = 10  # --order search: orders scored on the validation queries
     chat: bool = False
@@ -127,10 +128,16 @@ def select_demonstrations(
     builder = P.PromptBuilder.for_model(model, tokenizer, task, chat=cfg.chat)
     selector = make_selector(cfg, model, builder, compressor, progress)
     S.check_selection_inputs(splits.pool, validation, cfg.k)
+    kinds = {e.target for e in splits.pool}
+    if cfg.per_label and len(kinds) > cfg.k:
+        raise ValueError(f"--per-label shares the k={cfg.k} places out over the pool's labels, but task {task.name!r} "
+                         f"has {len(kinds)} distinct labels in its pool; use it with at most k labels")
     if on_start is not None:
         on_start(sum(selector.plan(len(splits.pool), cfg.k)) if isinstance(selector, S.AffinitySelector) else 0)
     t0 = time.perf_counter()
     selection = selector.select(splits.pool, validation, cfg.k, np.random.default_rng(cfg.seed))
+    if cfg.per_label:
+        selection = S.per_label(selection, splits.pool)
     wall = time.perf_counter() - t0
     labels = [splits.pool[i].target for i in selection.indices]
     searched = None
@@ -149,7 +156,8 @@ def select_demonstrations(
         "test_accuracy": result["accuracy"], "test_loss": result["loss"],
         "flops": selection.cost.flops, "wall_seconds": wall, "subsets": selection.subsets or None,
         "tokens": selection.tokens, "unseen": len(selection.unseen),
-        "order": cfg.order, "evaluator": cfg.evaluator if cfg.method == "affinity" else None,
+        "order": cfg.order, "per_label": cfg.per_label,
+        "evaluator": cfg.evaluator if cfg.method == "affinity" else None,
         "estimator": cfg.estimator if cfg.method == "affinity" else None,
         "model": cfg.model, "task": task.name, "seed": cfg.seed, "pool_size": len(splits.pool),
         "validation_size": len(validation), "test_size": len(test),
@@ -275,6 +283,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--balance-labels", action="store_true",
                    help="affinity: a subset's loss is the mean of its per-label mean validation losses, so the "
                         "label mix of the validation queries does not decide (classification tasks)")
+    p.add_argument("--per-label", action="store_true",
+                   help="share the k places out evenly over the pool's labels, each filled with its best-scored "
+                        "candidates (any method; classification tasks with at most k labels)")
     p.add_argument("--order", default=d.order, choices=ORDERS,
                    help="prompt order of the chosen demonstrations: score (the paper's, best last), interleave "
                         "(each label spread evenly, better ones later), random, or search (the candidate order "

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -141,6 +141,61 @@ def top_k(scores: np.ndarray, k: int) -> list[int]:
         raise ValueError(f"only {len(finite)} candidates have a score, fewer than k={k}")
     order = finite[np.lexsort((finite, -scores[finite]))][:k]  # best first, lower index first on ties
     return order[::-1].tolist()
+
+
+def top_k_per_label(scores: np.ndarray, labels: Sequence[str], k: int) -> list[int]:
+    """The ``k`` best finite scores with the labels shared out evenly, ascending (best last).
+
+    Each of the ``L`` labels of the candidates gets ``k // L`` places, filled with its best
+    candidates; the places left (``k % L``, and any a label cannot fill) go to the best of the
+    rest, whatever their label. Of all such sets this one has the highest total score
+    (:func:`top_k_per_label_ref` checks it by enumeration). On the small models this project
+    measures, a prompt that leans to one label pulls answers toward it (BENCHMARKS.md, "One
+    label's share of the prompt"), so the quota is worth more than the last places' scores.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    if len(labels) != len(scores):
+        raise ValueError(f"{len(labels)} labels for {len(scores)} scores")
+    kinds = sorted(set(labels))
+    if len(kinds) > k:
+        raise ValueError(f"a per-label quota needs at most k={k} distinct labels; the candidates have {len(kinds)} "
+                         f"({', '.join(map(repr, kinds[:5]))}{', ...' if len(kinds) > 5 else ''})")
+    best_first = top_k(scores, int(np.isfinite(scores).sum()))[::-1]
+    chosen: list[int] = []
+    for y in kinds:
+        chosen += [i for i in best_first if labels[i] == y][: k // len(kinds)]
+    taken = set(chosen)
+    chosen += [i for i in best_first if i not in taken][: k - len(chosen)]
+    if len(chosen) < k:
+        raise ValueError(f"only {len(chosen)} candidates have a score, fewer than k={k}")
+    return sorted(chosen, key=lambda i: (scores[i], -i))
+
+
+def top_k_per_label_ref(scores: np.ndarray, labels: Sequence[str], k: int) -> list[int]:
+    """Slow reference of :func:`top_k_per_label`: every ``k``-subset of the scored candidates
+    that gives each label at least ``min(k // L, its scored candidates)`` places, the highest
+    total score (ties: the lexicographically smallest set), ascending (best last)."""
+    from itertools import combinations
+
+    kinds = sorted(set(labels))
+    finite = [i for i in range(len(scores)) if np.isfinite(scores[i])]
+    quota = {y: min(k // len(kinds), sum(labels[i] == y for i in finite)) for y in kinds}
+    best, best_total = None, -np.inf
+    for subset in combinations(finite, k):
+        counts = Counter(labels[i] for i in subset)
+        total = float(sum(scores[i] for i in subset))
+        if all(counts[y] >= q for y, q in quota.items()) and total > best_total + 1e-12:
+            best, best_total = subset, total
+    assert best is not None, "no feasible subset"
+    return sorted(best, key=lambda i: (scores[i], -i))
+
+
+def per_label(selection: Selection, pool: Sequence[T.Example]) -> Selection:
+    """``selection`` with its demonstrations re-chosen from its scores by :func:`top_k_per_label`
+    (the pool's targets are the labels); what it cost is unchanged."""
+    k = len(selection.indices)
+    indices = top_k_per_label(selection.scores, [e.target for e in pool], k)
+    return replace(selection, indices=indices, details={**selection.details, "per_label": True})
 
 
 def order_rng(seed: int) -> np.random.Generator:
