@@ -51,6 +51,14 @@ def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tm
     assert "distilling" not in err
     assert {p.name: p.stat().st_mtime_ns for p in (out / "stages").iterdir()} == stamps
     assert json.loads((out / "report.json").read_text())["selections"] == report["selections"]
+    # the same run with every method's places shared out over the labels, in interleaved order
+    assert main(run_args(data, out, "--per-label", "--order", "interleave", "--methods", "random", "bm25")) == 0
+    assert "fidelity: done before, skipped" in capsys.readouterr().err  # only the selections depend on these
+    pool = T.split(T.get_task(data), pool_size=24, seed=0).pool
+    for r in json.loads((out / "report.json").read_text())["selections"]:
+        assert {pool[i].target for i in r["indices"]} == {"yes", "no"}
+        summary = json.loads((out / "stages" / f"select-{r['method']}.json").read_text())["result"]
+        assert summary["per_label"] is True and summary["order"] == "interleave"
 
 
 def test_run_refuses_bad_input(data, tmp_path, tmp_cache, capsys):

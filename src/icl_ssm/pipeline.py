@@ -31,7 +31,7 @@ from icl_ssm.compressor import find_pretrained, load_compressor
 from icl_ssm.distill import DistillConfig
 from icl_ssm.fidelity import FidelityConfig, run_fidelity
 from icl_ssm.models import DEFAULT_MODEL, load_model
-from icl_ssm.select_cli import SelectConfig, select_demonstrations, selected_rows
+from icl_ssm.select_cli import ORDERS, SelectConfig, select_demonstrations, selected_rows
 
 METHODS = ("affinity", "random", "bm25", "topk")
 
@@ -60,6 +60,8 @@ class RunConfig:
     test_size: int = 150
     subsets: int | None = None  # affinity budget; default n / (k eps^2)
     estimator: str = "mean"
+    per_label: bool = False  # every method's k places shared out over the labels (select --per-label)
+    order: str = "score"  # prompt order of every method's chosen demonstrations (select --order)
     methods: tuple[str, ...] = METHODS
     dense_evaluator: bool = True  # also run affinity on dense caches (cost and quality beside)
     fidelity_subsets: int = 30
@@ -198,7 +200,8 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
     compressor = load_compressor(comp["compressor"], model.config)
     base = SelectConfig(model=cfg.model, task=cfg.task, k=cfg.k, compressor=comp["compressor"],
                         estimator=cfg.estimator, subsets=cfg.subsets, queries=cfg.queries, test_size=cfg.test_size,
-                        pool_size=cfg.pool_size, seed=cfg.seed, batch=cfg.batch, query_batch=cfg.query_batch)
+                        pool_size=cfg.pool_size, seed=cfg.seed, batch=cfg.batch, query_batch=cfg.query_batch,
+                        per_label=cfg.per_label, order=cfg.order)
     runs = [(m, replace(base, method=m)) for m in cfg.methods]
     if cfg.dense_evaluator and "affinity" in cfg.methods:
         runs.insert(1, ("affinity-dense", replace(base, method="affinity", evaluator="dense")))
@@ -289,6 +292,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test-size", type=int, default=d.test_size, help="test examples per evaluation")
     p.add_argument("--subsets", type=int, default=d.subsets, help="affinity subsets (default n / (k eps^2))")
     p.add_argument("--estimator", default=d.estimator, choices=("mean", "ridge"))
+    p.add_argument("--per-label", action="store_true",
+                   help="every method: the k places shared out evenly over the pool's labels (select --per-label)")
+    p.add_argument("--order", default=d.order, choices=ORDERS,
+                   help="prompt order of every method's chosen demonstrations (select --order)")
     p.add_argument("--methods", nargs="+", default=list(d.methods), help="selection methods to compare")
     p.add_argument("--dense-evaluator", action=argparse.BooleanOptionalAction, default=d.dense_evaluator,
                    help="also run affinity on dense caches")
