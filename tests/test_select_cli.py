@@ -108,8 +108,13 @@ def test_per_label_shares_the_places_out_over_the_labels(files, tmp_path, capsys
         quota = run_json(capsys, *args(files, "--method", method, "--k", "4", "--seed", str(seed), "--per-label",
                                        "--out", str(out)))
         assert quota["per_label"] is True
+        assert quota["labels"] == {"no": 2, "yes": 2}
         if method == "random":
             assert sorted(labels[i] for i in base.indices) == ["no"] + ["yes"] * 3
+            assert main(args(files, "--method", method, "--k", "4", "--seed", "1")) == 0
+            assert "warning: 3 of the 4 chosen demonstrations are 'yes'" in capsys.readouterr().err
+            assert main(args(files, "--method", method, "--k", "4", "--seed", "1", "--per-label")) == 0
+            assert "warning" not in capsys.readouterr().err
         assert sorted(labels[i] for i in quota["indices"]) == ["no"] * 2 + ["yes"] * 2
         assert quota["indices"] == S.top_k_per_label(base.scores, labels, 4)  # the same scores, re-chosen
         assert json.loads((out / "select_config.json").read_text())["per_label"] is True

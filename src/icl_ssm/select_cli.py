@@ -162,6 +162,8 @@ def select_demonstrations(
         "model": cfg.model, "task": task.name, "seed": cfg.seed, "pool_size": len(splits.pool),
         "validation_size": len(validation), "test_size": len(test),
     }
+    if len(kinds) <= cfg.k:  # a task with a few labels: how the chosen ones share them
+        summary["labels"] = {y: labels.count(y) for y in sorted(kinds)}
     for key in ("min_coverage", "split_half", "reliability", "queries_needed"):
         if key in selection.details:
             summary[key] = selection.details[key]
@@ -188,6 +190,23 @@ def reliability_lines(summary: dict) -> list[str]:
                      f"about {summary['queries_needed']} queries (--queries) would give "
                      f"{S.RELIABILITY_TARGET} (Spearman-Brown)")
     return lines
+
+
+LEAN = 1.3  # lean_lines warns when one label holds more than this times its even share of the k places
+
+
+def lean_lines(summary: dict) -> list[str]:
+    """A warning, for stderr, when the chosen demonstrations lean to one label (more than
+    ``LEAN`` times its even share of ``k``) and ``--per-label`` was not asked for."""
+    counts = summary.get("labels")
+    if not counts or summary.get("per_label") or len(counts) < 2:
+        return []
+    label, top = max(counts.items(), key=lambda kv: kv[1])
+    if top <= LEAN * summary["k"] / len(counts):
+        return []
+    return [f"warning: {top} of the {summary['k']} chosen demonstrations are {label!r}; a prompt that leans to one "
+            "label pulls the answers toward it, and --per-label shares the places out evenly (BENCHMARKS.md, "
+            "\"One label's share of the prompt\")"]
 
 
 def selected_rows(pool, indices: list[int], scores: list[float | None]) -> list[dict]:
@@ -246,7 +265,7 @@ def _main(args: argparse.Namespace) -> int:
     print(f"{cfg.method}: test accuracy {summary['test_accuracy']:.3f} with k={cfg.k} "
           f"({summary['flops'] / 1e12:.3g} TFLOP, {summary['wall_seconds']:.1f} s)"
           + (f"; written to {out}" if out else ""), file=sys.stderr)
-    for line in reliability_lines(summary):
+    for line in reliability_lines(summary) + lean_lines(summary):
         print(line, file=sys.stderr)
     for i in selection.indices:
         print(json.dumps({"id": pool[i].id, "label": pool[i].target, "text": pool[i].input[:100]}))
