@@ -155,6 +155,35 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
     assert "--permutations -1; expected >= 0" in capsys.readouterr().err
 
 
+def test_estimators_keep_the_finished_seeds_when_a_later_one_fails(tmp_path, monkeypatch, capsys):
+    task = T.get_task("coin_flip", size=120)
+    data = tmp_path / "coin.jsonl"
+    data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n" for e in task.examples()))
+    split = T.split
+
+    def fail_on_seed_1(*a, seed, **kw):
+        if seed == 1:
+            raise ValueError("seed 1 stops here")
+        return split(*a, seed=seed, **kw)
+
+    monkeypatch.setattr("icl_ssm.bench_select.T.split", fail_on_seed_1)
+    out = tmp_path / "est.json"
+    argv = ["bench", "estimators", "--model", "tiny-llama", "--queries", "3", "--task", str(data), "--evaluator",
+            "dense", "--k", "3", "--seeds", "0", "1", "--budgets", "4", "--pool-size", "12", "--test-size", "4",
+            "--no-adaptive", "--json-out", str(out)]
+    assert main(argv) == 2
+    assert "seed 1 stops here" in capsys.readouterr().err
+    partial = json.loads(out.read_text())
+    assert partial["partial"] is True and partial["seeds_done"] == [0]
+    assert {r["seed"] for r in partial["rows"]} == {0}
+    assert {r["estimator"] for r in partial["rows"]} == {"mean", "ridge"}
+    monkeypatch.setattr("icl_ssm.bench_select.T.split", split)
+    assert main(argv) == 0
+    full = json.loads(out.read_text())
+    assert "partial" not in full and full["seeds_done"] == [0, 1]
+    assert [r for r in full["rows"] if r["seed"] == 0] == partial["rows"]  # the same seed, the same rows
+
+
 def test_estimators_simulation_recovers_planted_demonstrations(tmp_path):
     out = tmp_path / "sim.json"
     assert main(["bench", "estimators-sim", "--pool-size", "30", "--k", "3", "--noise", "0.0", "--budgets", "10",

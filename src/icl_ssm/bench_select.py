@@ -243,11 +243,21 @@ def estimators(args: argparse.Namespace) -> dict:
                 rows.append(row(f"{est}+adaptive", m, sel.indices))
             _log(f"seed {seed} M={m}: " + ", ".join(f"{r['estimator']} {r['test_accuracy']:.3f}"
                                                     for r in rows if r["seed"] == seed and r["subsets"] == m))
+        if args.json_out and seed != args.seeds[-1]:  # a long run stopped early keeps the seeds it finished
+            from icl_ssm import atomic
+
+            atomic.write_json(args.json_out, {**_estimators_report(args, rows), "partial": True,
+                                              "argv": getattr(args, "argv", None)})
+    return _estimators_report(args, rows)
+
+
+def _estimators_report(args: argparse.Namespace, rows: list[dict]) -> dict:
     curve, target, needed = _curve(rows, max(args.budgets))
     loss_curve, loss_target, loss_needed = _curve(rows, max(args.budgets), "test_loss")
     return {"model": args.model, "task": args.task, "k": args.k, "evaluator": args.evaluator, "rows": rows,
             "curve": curve, "target": target, "subsets_to_reach_mean_at_max": needed,
             "loss_curve": loss_curve, "loss_target": loss_target, "subsets_to_reach_mean_loss_at_max": loss_needed,
+            "seeds_done": sorted({r["seed"] for r in rows}),
             "settings": {k: getattr(args, k) for k in ("pool_size", "queries", "test_size", "seeds", "budgets",
                                                        "permutations", "balance_labels", "per_label", "adaptive")}}
 
