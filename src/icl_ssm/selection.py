@@ -150,8 +150,8 @@ def top_k_per_label(scores: np.ndarray, labels: Sequence[str], k: int) -> list[i
     candidates; the places left (``k % L``, and any a label cannot fill) go to the best of the
     rest, whatever their label. Of all such sets this one has the highest total score
     (:func:`top_k_per_label_ref` checks it by enumeration). On the small models this project
-    measures, a prompt that leans to one label pulls answers toward it (BENCHMARKS.md, "One
-    label's share of the prompt"), so the quota is worth more than the last places' scores.
+    measures, a prompt that leans to one label pulls answers toward it; where the pool leans,
+    the quota lifts every method (BENCHMARKS.md, "One label's share of the prompt").
     """
     scores = np.asarray(scores, dtype=np.float64)
     if len(labels) != len(scores):
