@@ -6,7 +6,8 @@
 * ``select-quality``: test accuracy of every method over tasks and seeds (mean and std);
 * ``estimators``: test accuracy and loss of the selected set against the number of subsets,
   for the mean and ridge estimators on one stream of subsets and for adaptive sampling
-  (``--permutations``: each set's order averaged out);
+  (``--permutations``: each set's order averaged out; ``--per-label``: the same scores with the
+  places shared out over the labels);
 * ``select-order``: the selections of earlier ``select-quality`` reports scored again on the
   test set in every prompt order of :func:`icl_ssm.selection.arrange`.
 """
