@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from icl_ssm import atomic
 from icl_ssm import prompts as P
 from icl_ssm import selection as S
 from icl_ssm import tasks as T
@@ -245,8 +246,6 @@ def estimators(args: argparse.Namespace) -> dict:
             _log(f"seed {seed} M={m}: " + ", ".join(f"{r['estimator']} {r['test_accuracy']:.3f}"
                                                     for r in rows if r["seed"] == seed and r["subsets"] == m))
         if args.json_out and seed != args.seeds[-1]:  # a long run stopped early keeps the seeds it finished
-            from icl_ssm import atomic
-
             atomic.write_json(args.json_out, {**_estimators_report(args, rows), "partial": True,
                                               "argv": getattr(args, "argv", None)})
     return _estimators_report(args, rows)
@@ -474,8 +473,6 @@ def _run(kind: str, fn):
         result = fn(args)
         result["argv"] = getattr(args, "argv", None)
         if args.json_out:
-            from icl_ssm import atomic
-
             atomic.write_json(args.json_out, result)
         print(_markdown(kind, result))
         return 0
