@@ -151,6 +151,27 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
     assert rows["mean"]["indices"] == S.top_k(scores, 4)
     assert rows["mean/per-label"]["indices"] == S.top_k_per_label(scores, [e.target for e in splits.pool], 4)
     assert rows["mean/per-label"]["labels"] == {"no": 2, "yes": 2}
+    both = tmp_path / "est-both.json"  # uniform and stratified streams side by side
+    assert main(["bench", "estimators", *common, "--task", str(data), "--evaluator", "dense", "--k", "4",
+                 "--seeds", "0", "--budgets", "8", "--pool-size", "12", "--test-size", "4", "--sampling", "both",
+                 "--no-adaptive", "--json-out", str(both)]) == 0
+    rows = {r["estimator"]: r for r in json.loads(both.read_text())["rows"]}
+    assert set(rows) == {"mean", "ridge", "mean/stratified", "ridge/stratified"}
+    assert rows["mean"]["indices"] == S.top_k(scores, 4)  # the uniform rows as before
+    labels = [e.target for e in splits.pool]
+    stream = S.stratified_subsets(labels, 4, 8, np.random.default_rng(0))
+    losses = S.CacheEvaluator(model, builder, "dense", pack=True).evaluate(
+        splits.pool, splits.validation[:3], stream).losses
+    assert rows["ridge/stratified"]["indices"] == S.top_k_per_label(S.ridge_affinity(stream, losses, 12)[0], labels, 4)
+    assert rows["mean/stratified"]["labels"] == {"no": 2, "yes": 2}
+    strat = tmp_path / "est-strat.json"  # stratified alone, with its adaptive rounds
+    assert main(["bench", "estimators", *common, "--task", str(data), "--evaluator", "dense", "--k", "4",
+                 "--seeds", "0", "--budgets", "8", "--pool-size", "12", "--test-size", "4", "--sampling",
+                 "stratified", "--json-out", str(strat)]) == 0
+    result = json.loads(strat.read_text())
+    assert set(result["curve"]) == {"mean/stratified", "ridge/stratified", "mean+adaptive/stratified",
+                                    "ridge+adaptive/stratified"}
+    assert all(r["labels"] == {"no": 2, "yes": 2} for r in result["rows"])
     assert main(["bench", "estimators", *common, "--task", str(data), "--permutations", "-1"]) == 2
     assert "--permutations -1; expected >= 0" in capsys.readouterr().err
 

@@ -59,6 +59,13 @@ def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tm
         assert {pool[i].target for i in r["indices"]} == {"yes", "no"}
         summary = json.loads((out / "stages" / f"select-{r['method']}.json").read_text())["result"]
         assert summary["per_label"] is True and summary["order"] == "interleave"
+    # affinity's subsets drawn with the labels in even shares; the baselines unchanged
+    assert main(run_args(data, out, "--stratify", "--subsets", "30", "--methods", "affinity", "random",
+                         "--no-dense-evaluator")) == 0
+    capsys.readouterr()
+    affinity = json.loads((out / "stages" / "select-affinity.json").read_text())["result"]
+    assert affinity["stratified"] is True and sorted(affinity["labels"].values()) == [1, 2]
+    assert json.loads((out / "stages" / "select-random.json").read_text())["result"]["stratified"] is False
 
 
 def test_run_refuses_bad_input(data, tmp_path, tmp_cache, capsys):

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -122,6 +123,31 @@ def test_per_label_shares_the_places_out_over_the_labels(files, tmp_path, capsys
     many.write_text("".join(json.dumps({"text": f"x {i}", "label": str(i % 5)}) + "\n" for i in range(60)))
     assert main(args({"data": str(many)}, "--method", "random", "--per-label")) == 2
     assert "shares the k=3 places out over the pool's labels, but task" in capsys.readouterr().err
+
+
+def test_stratify_draws_every_subset_with_the_labels_in_even_shares(files, tmp_path, capsys):
+    from icl_ssm import selection as S
+    from icl_ssm.models import load_model
+    from icl_ssm.prompts import PromptBuilder
+
+    out = tmp_path / "strat"
+    summary = run_json(capsys, *args(files, "--evaluator", "dense", "--k", "4", "--subsets", "12", "--stratify",
+                                     "--out", str(out)))
+    assert summary["stratified"] is True and summary["per_label"] is True
+    assert summary["labels"] == {"no": 2, "yes": 2} and summary["subsets"] == 12
+    assert json.loads((out / "select_config.json").read_text())["stratify"] is True
+    # the same selection by hand: the stratified stream, dense losses, the mean estimator, chosen per label
+    model, tokenizer = load_model("tiny-llama")
+    task = T.get_task(files["data"])
+    splits = T.split(task, pool_size=24, seed=0)
+    labels = [e.target for e in splits.pool]
+    subsets = S.stratified_subsets(labels, 4, 12, np.random.default_rng(0))
+    losses = S.CacheEvaluator(model, PromptBuilder.for_model(model, tokenizer, task), "dense", pack=True).evaluate(
+        splits.pool, splits.validation[:3], subsets).losses
+    scores = S.mean_affinity(subsets, losses, 24)[0]
+    assert summary["indices"] == S.top_k_per_label(scores, labels, 4)
+    assert main(args(files, "--method", "random", "--stratify")) == 2
+    assert "--stratify draws affinity's subsets" in capsys.readouterr().err
 
 
 def test_order_rearranges_the_same_selection(files, tmp_path, capsys):

@@ -65,6 +65,73 @@ def test_focused_subsets_take_half_from_focus():
         assert len(set(s) & set(focus)) >= 3
 
 
+def labelled_pool(counts):
+    """A pool with ``counts[y]`` candidates of each label ``y``, labels in runs."""
+    labels = [y for y, c in counts.items() for _ in range(c)]
+    return [T.Example(str(i), f"text {i}", y) for i, y in enumerate(labels)], labels
+
+
+def test_stratified_subsets_hold_the_label_shares():
+    pool, labels = labelled_pool({"a": 20, "b": 10, "c": 6})
+    subs = S.stratified_subsets(labels, 7, 60, np.random.default_rng(0))
+    extra = dict.fromkeys("abc", 0)
+    for s in subs:
+        assert len(s) == 7 == len(set(s))
+        shares = {y: sum(labels[i] == y for i in s) for y in "abc"}
+        assert sorted(shares.values()) == [2, 2, 3]  # 7 // 3 each, the place left over to one label
+        extra[max(shares, key=shares.get)] += 1
+    assert max(extra.values()) - min(extra.values()) <= 1  # the odd place goes round the labels
+    counts = S.indicator(subs, len(labels)).sum(0)
+    for y in "abc":  # each label's candidates appear evenly (their own balanced stream)
+        c = counts[[i for i in range(len(labels)) if labels[i] == y]]
+        assert c.max() - c.min() <= 2
+    assert any(labels[s[0]] != "a" for s in subs) and any(labels[s[0]] == "a" for s in subs)  # shuffled
+    assert subs == S.stratified_subsets(labels, 7, 60, np.random.default_rng(0))
+    assert subs[:10] == S.stratified_subsets(labels, 7, 10, np.random.default_rng(0))  # budgets cut one stream
+    assert subs != S.stratified_subsets(labels, 7, 60, np.random.default_rng(1))
+    focus = [0, 1, 20, 30]
+    for s in S.stratified_subsets(labels, 6, 30, np.random.default_rng(0), focus=focus):
+        assert len(s) == 6 == len(set(s)) and sorted(labels[i] for i in s) == ["a", "a", "b", "b", "c", "c"]
+        assert {0, 1} & set(s) and 20 in s and 30 in s  # half of each label's places from its focus
+    with pytest.raises(ValueError, match="at most k=2 distinct labels; the candidates have 3"):
+        S.stratified_subsets(labels, 2, 5, np.random.default_rng(0))
+    with pytest.raises(ValueError, match=r"need 4 candidates of each label; these labels have fewer: \{'c': 3\}"):
+        S.stratified_subsets(labels[:33], 10, 5, np.random.default_rng(0))
+
+
+def test_stratified_affinity_finds_the_best_of_each_label_under_a_label_share_effect():
+    """The loss grows with how far a subset leans to one label (not additive: as a small
+    model's answers pulled toward its prompt's majority label), and 2 planted candidates of
+    each label lower it. Uniform subsets carry the lean as noise on every candidate's score;
+    stratified ones hold it fixed and find the planted candidates exactly."""
+    pool, labels = labelled_pool({"a": 20, "b": 20})
+    good = {3, 11, 25, 36}
+
+    def loss(subset):
+        lean = abs(sum(1 if labels[i] == "a" else -1 for i in subset))
+        return float(1.5 * lean - sum(i in good for i in subset))
+
+    for estimator in ("mean", "ridge"):
+        plain = S.AffinitySelector(S.OracleEvaluator(loss), subsets=80, estimator=estimator).select(
+            pool, VAL, 4, np.random.default_rng(0))
+        assert len(good & set(plain.indices)) <= 2
+        sel = S.AffinitySelector(S.OracleEvaluator(loss), subsets=80, estimator=estimator, stratify=True).select(
+            pool, VAL, 4, np.random.default_rng(0))
+        assert set(sel.indices) == good and sel.details["stratified"] is True
+        assert list(sel.scores[sel.indices]) == sorted(sel.scores[sel.indices])  # best last
+    sel = S.AffinitySelector(S.OracleEvaluator(loss), subsets=80, adaptive=0.5, stratify=True).select(
+        pool, VAL, 4, np.random.default_rng(0))
+    assert set(sel.indices) == good and sel.details["rounds"] == [40, 40]
+    # coverage counts per label: 20 candidates of a label, 2 places each -> 10 subsets
+    lean, lean_labels = labelled_pool({"a": 30, "b": 10})
+    with pytest.raises(ValueError, match="use --subsets >= 15"):
+        S.AffinitySelector(S.OracleEvaluator(loss), subsets=14, stratify=True).select(
+            lean, VAL, 4, np.random.default_rng(0))
+    sel = S.AffinitySelector(S.OracleEvaluator(lambda s: float(len(s))), subsets=15, stratify=True).select(
+        lean, VAL, 4, np.random.default_rng(0))
+    assert sel.details["min_coverage"] >= 1 and sorted(lean_labels[i] for i in sel.indices) == ["a", "a", "b", "b"]
+
+
 def test_subsets_for_formula():
     assert S.subsets_for(1500, 20, 0.5) == 300
     assert S.subsets_for(100, 10, 1.0) == 10

@@ -7,7 +7,8 @@
 * ``estimators``: test accuracy and loss of the selected set against the number of subsets,
   for the mean and ridge estimators on one stream of subsets and for adaptive sampling
   (``--permutations``: each set's order averaged out; ``--per-label``: the same scores with the
-  places shared out over the labels);
+  places shared out over the labels; ``--sampling stratified|both``: subsets drawn with the
+  labels in even shares, as ``select --stratify`` draws them);
 * ``select-order``: the selections of earlier ``select-quality`` reports scored again on the
   test set in every prompt order of :func:`icl_ssm.selection.arrange`.
 """
@@ -191,7 +192,7 @@ def _curve(rows: list[dict], top: int, key: str = "test_accuracy") -> tuple[dict
     as high a loss)."""
     sign = -1.0 if key == "test_loss" else 1.0
     curve = _means(rows, key)
-    target = curve["mean"][top]
+    target = (curve["mean"] if "mean" in curve else next(iter(curve.values())))[top]
     needed = {e: next((m for m, a in c.items() if sign * (a - target) >= -1e-9), None) for e, c in curve.items()}
     return curve, target, needed
 
@@ -224,25 +225,36 @@ def estimators(args: argparse.Namespace) -> dict:
                 measured[key] = {m: float(np.mean([r[m] for r in runs])) for m in ("accuracy", "loss")}
             return {"test_accuracy": measured[key]["accuracy"], "test_loss": measured[key]["loss"]}
 
-        stream = S.balanced_subsets(n, args.k, max(args.budgets), np.random.default_rng(seed))
-        losses = memo.evaluate(pool, validation, stream).losses
         labels = [e.target for e in pool]
+        streams = {}  # the subsets of each sampling, the budgets cut from one stream (paired)
+        if args.sampling in ("uniform", "both"):
+            streams[""] = S.balanced_subsets(n, args.k, max(args.budgets), np.random.default_rng(seed))
+        if args.sampling in ("stratified", "both"):
+            streams["/stratified"] = S.stratified_subsets(labels, args.k, max(args.budgets),
+                                                          np.random.default_rng(seed))
+        losses = {kind: memo.evaluate(pool, validation, stream).losses for kind, stream in streams.items()}
 
         def row(estimator, m, indices):
             return {"seed": seed, "estimator": estimator, "subsets": m, "indices": list(map(int, indices)),
                     "labels": dict(sorted(Counter(labels[i] for i in indices).items())), **test_acc(indices)}
 
         for m in args.budgets:
-            for est, fn in (("mean", S.mean_affinity), ("ridge", S.ridge_affinity)):
-                scores, _ = fn(stream[:m], losses[:m], n)
-                rows.append(row(est, m, S.top_k(scores, args.k)))
-                if args.per_label:  # the same scores, the k places shared out over the labels
-                    rows.append(row(f"{est}/per-label", m, S.top_k_per_label(scores, labels, args.k)))
-            for est in ("mean", "ridge") if args.adaptive else ():
-                # first round: the stream's first m/2 subsets (memo hits, paired)
-                sel = S.AffinitySelector(memo, subsets=m, estimator=est, adaptive=0.5, coverage=0).select(
-                    pool, validation, args.k, np.random.default_rng(seed))
-                rows.append(row(f"{est}+adaptive", m, sel.indices))
+            for kind, stream in streams.items():
+                for est, fn in (("mean", S.mean_affinity), ("ridge", S.ridge_affinity)):
+                    scores, _ = fn(stream[:m], losses[kind][:m], n)
+                    if kind:  # stratified subsets compare candidates within their label: chosen per label
+                        rows.append(row(f"{est}{kind}", m, S.top_k_per_label(scores, labels, args.k)))
+                        continue
+                    rows.append(row(est, m, S.top_k(scores, args.k)))
+                    if args.per_label:  # the same scores, the k places shared out over the labels
+                        rows.append(row(f"{est}/per-label", m, S.top_k_per_label(scores, labels, args.k)))
+            for kind in streams if args.adaptive else ():
+                for est in ("mean", "ridge"):
+                    # first round: the stream's first m/2 subsets (memo hits, paired)
+                    sel = S.AffinitySelector(memo, subsets=m, estimator=est, adaptive=0.5, coverage=0,
+                                             stratify=bool(kind)).select(pool, validation, args.k,
+                                                                         np.random.default_rng(seed))
+                    rows.append(row(f"{est}+adaptive{kind}", m, sel.indices))
             _log(f"seed {seed} M={m}: " + ", ".join(f"{r['estimator']} {r['test_accuracy']:.3f}"
                                                     for r in rows if r["seed"] == seed and r["subsets"] == m))
         if args.json_out and seed != args.seeds[-1]:  # a long run stopped early keeps the seeds it finished
@@ -259,7 +271,8 @@ def _estimators_report(args: argparse.Namespace, rows: list[dict]) -> dict:
             "loss_curve": loss_curve, "loss_target": loss_target, "subsets_to_reach_mean_loss_at_max": loss_needed,
             "seeds_done": sorted({r["seed"] for r in rows}),
             "settings": {k: getattr(args, k) for k in ("pool_size", "queries", "test_size", "seeds", "budgets",
-                                                       "permutations", "balance_labels", "per_label", "adaptive")}}
+                                                       "permutations", "balance_labels", "per_label", "adaptive",
+                                                       "sampling")}}
 
 
 def estimators_sim(args: argparse.Namespace) -> dict:
@@ -550,6 +563,9 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
                         "evenly over the pool's labels")
     p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
                    help="leave out adaptive sampling (its second rounds cost subsets of their own)")
+    p.add_argument("--sampling", default="uniform", choices=("uniform", "stratified", "both"),
+                   help="subsets drawn uniformly (rows mean, ridge), with the pool's labels in even shares (rows "
+                        "mean/stratified, ridge/stratified, chosen per label: select --stratify), or both streams")
     p.set_defaults(func=_run("estimators", estimators))
 
     p = kinds.add_parser("estimators-sim", formatter_class=fmt,

@@ -61,6 +61,7 @@ class RunConfig:
     subsets: int | None = None  # affinity budget; default n / (k eps^2)
     estimator: str = "mean"
     per_label: bool = False  # every method's k places shared out over the labels (select --per-label)
+    stratify: bool = False  # affinity's subsets drawn with the labels in even shares (select --stratify)
     order: str = "score"  # prompt order of every method's chosen demonstrations (select --order)
     methods: tuple[str, ...] = METHODS
     dense_evaluator: bool = True  # also run affinity on dense caches (cost and quality beside)
@@ -202,9 +203,9 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
                         estimator=cfg.estimator, subsets=cfg.subsets, queries=cfg.queries, test_size=cfg.test_size,
                         pool_size=cfg.pool_size, seed=cfg.seed, batch=cfg.batch, query_batch=cfg.query_batch,
                         per_label=cfg.per_label, order=cfg.order)
-    runs = [(m, replace(base, method=m)) for m in cfg.methods]
+    runs = [(m, replace(base, method=m, stratify=cfg.stratify and m == "affinity")) for m in cfg.methods]
     if cfg.dense_evaluator and "affinity" in cfg.methods:
-        runs.insert(1, ("affinity-dense", replace(base, method="affinity", evaluator="dense")))
+        runs.insert(1, ("affinity-dense", replace(base, method="affinity", evaluator="dense", stratify=cfg.stratify)))
     selections: dict[str, dict] = {}
     for name, scfg in runs:
         key = _key([asdict(scfg), comp["compressor"]])
@@ -294,6 +295,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--estimator", default=d.estimator, choices=("mean", "ridge"))
     p.add_argument("--per-label", action="store_true",
                    help="every method: the k places shared out evenly over the pool's labels (select --per-label)")
+    p.add_argument("--stratify", action="store_true",
+                   help="affinity: every subset drawn with the pool's labels in even shares, the k chosen with the "
+                        "same shares (select --stratify)")
     p.add_argument("--order", default=d.order, choices=ORDERS,
                    help="prompt order of every method's chosen demonstrations (select --order)")
     p.add_argument("--methods", nargs="+", default=list(d.methods), help="selection methods to compare")

@@ -58,6 +58,7 @@ class SelectConfig:
     pack: bool = True  # a subset's queries read as segments of one sequence after its cache (see CacheEvaluator)
     balance_labels: bool = False  # a subset's loss: the mean of its per-label mean validation losses
     per_label: bool = False  # the k places shared out evenly over the pool's labels (S.top_k_per_label)
+    stratify: bool = False  # affinity: every subset with the labels in even shares (S.stratified_subsets); per label
     order: str = "score"  # prompt order of the chosen demonstrations: ORDERS
     order_candidates: int = 10  # --order search: orders scored on the validation queries
     chat: bool = False
@@ -84,6 +85,9 @@ class SelectConfig:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected >= 1")
         if self.test_size is not None and self.test_size < 1:
             raise ValueError(f"--test-size {self.test_size}: expected >= 1")
+        if self.stratify and self.method != "affinity":
+            raise ValueError(f"--stratify draws affinity's subsets with the labels in even shares; --method "
+                             f"{self.method!r} samples no subsets (use --per-label to share its places out)")
 
 
 def make_selector(cfg: SelectConfig, model, builder: P.PromptBuilder, compressor: SSMCompressor | None = None,
@@ -98,7 +102,8 @@ def make_selector(cfg: SelectConfig, model, builder: P.PromptBuilder, compressor
                                          query_batch=cfg.query_batch, balance_labels=cfg.balance_labels,
                                          pack=cfg.pack)
         return S.AffinitySelector(evaluator, subsets=cfg.subsets, estimator=cfg.estimator, coverage=cfg.coverage,
-                                  adaptive=cfg.adaptive, eps=cfg.eps, chunk=cfg.batch, progress=progress)
+                                  adaptive=cfg.adaptive, eps=cfg.eps, stratify=cfg.stratify, chunk=cfg.batch,
+                                  progress=progress)
     cls = S.SELECTORS[cfg.method]
     return cls(model, builder) if cfg.method in ("topk", "gradce") else cls()
 
@@ -129,8 +134,9 @@ def select_demonstrations(
     selector = make_selector(cfg, model, builder, compressor, progress)
     S.check_selection_inputs(splits.pool, validation, cfg.k)
     kinds = {e.target for e in splits.pool}
-    if cfg.per_label and len(kinds) > cfg.k:
-        raise ValueError(f"--per-label shares the k={cfg.k} places out over the pool's labels, but task {task.name!r} "
+    if (cfg.per_label or cfg.stratify) and len(kinds) > cfg.k:
+        flag = "--stratify" if cfg.stratify else "--per-label"
+        raise ValueError(f"{flag} shares the k={cfg.k} places out over the pool's labels, but task {task.name!r} "
                          f"has {len(kinds)} distinct labels in its pool; use it with at most k labels")
     if on_start is not None:
         on_start(sum(selector.plan(len(splits.pool), cfg.k)) if isinstance(selector, S.AffinitySelector) else 0)
@@ -156,7 +162,7 @@ def select_demonstrations(
         "test_accuracy": result["accuracy"], "test_loss": result["loss"],
         "flops": selection.cost.flops, "wall_seconds": wall, "subsets": selection.subsets or None,
         "tokens": selection.tokens, "unseen": len(selection.unseen),
-        "order": cfg.order, "per_label": cfg.per_label,
+        "order": cfg.order, "per_label": cfg.per_label or cfg.stratify, "stratified": cfg.stratify,
         "evaluator": cfg.evaluator if cfg.method == "affinity" else None,
         "estimator": cfg.estimator if cfg.method == "affinity" else None,
         "model": cfg.model, "task": task.name, "seed": cfg.seed, "pool_size": len(splits.pool),
@@ -305,6 +311,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--per-label", action="store_true",
                    help="share the k places out evenly over the pool's labels, each filled with its best-scored "
                         "candidates (any method; classification tasks with at most k labels)")
+    p.add_argument("--stratify", action="store_true",
+                   help="affinity: draw every subset with the pool's labels in even shares, each label from its own "
+                        "balanced stream, and choose the k with the same shares (implies --per-label)")
     p.add_argument("--order", default=d.order, choices=ORDERS,
                    help="prompt order of the chosen demonstrations: score (the paper's, best last), interleave "
                         "(each label spread evenly, better ones later), random, or search (the candidate order "

@@ -17,7 +17,10 @@ much it lowers the loss:
 Subsets are drawn *balanced* (a stream of random permutations cut into ``k``-subsets, so every
 candidate appears ``floor`` or ``ceil`` of ``M k / n`` times); ``adaptive > 0`` holds back that
 fraction of the budget for a second round that samples the candidates whose rank is still
-uncertain near the top-``k`` boundary more often. A candidate that no subset contained has
+uncertain near the top-``k`` boundary more often. ``stratify=True`` draws every subset with
+the pool's labels in even shares, each label from its own balanced stream, and chooses the
+``k`` with the same shares: the subset losses then no longer move with the label mix, and
+each candidate competes with its own label only. A candidate that no subset contained has
 a NaN score and is listed in ``Selection.unseen``; it is never ranked.
 
 Evaluators: :class:`CacheEvaluator` (``"compressed"``: sinks + SSM virtual tokens, no dense
@@ -466,6 +469,29 @@ def subsets_for(n: int, k: int, eps: float = 0.5) -> int:
     return max(1, math.ceil(n / (k * eps * eps)))
 
 
+class _Stream:
+    """Random permutations of ``items`` read one after another: ``draw(q)`` takes the next
+    ``q`` distinct items, keeping a repeat (a permutation's tail meeting the next one's head)
+    for the next draw, so every item is drawn ``floor`` or ``ceil`` of its share."""
+
+    def __init__(self, items: Sequence[int], rng: np.random.Generator) -> None:
+        self.items, self.rng, self.queue = list(items), rng, deque()
+
+    def draw(self, q: int) -> list[int]:
+        subset, members, deferred = [], set(), []
+        while len(subset) < q:
+            if not self.queue:
+                self.queue.extend(self.items[i] for i in self.rng.permutation(len(self.items)))
+            i = self.queue.popleft()
+            if i in members:  # the previous permutation's tail: keep it for the next draw
+                deferred.append(i)
+            else:
+                subset.append(i)
+                members.add(i)
+        self.queue.extendleft(reversed(deferred))
+        return subset
+
+
 def balanced_subsets(n: int, k: int, m: int, rng: np.random.Generator,
                      among: Sequence[int] | None = None) -> list[list[int]]:
     """``m`` subsets of ``k`` distinct candidates cut from a stream of random permutations
@@ -474,21 +500,60 @@ def balanced_subsets(n: int, k: int, m: int, rng: np.random.Generator,
     items = list(range(n)) if among is None else list(among)
     if not 1 <= k <= len(items):
         raise ValueError(f"k={k}: expected 1 <= k <= {len(items)} candidates")
-    queue: deque[int] = deque()
+    stream = _Stream(items, rng)
+    return [stream.draw(k) for _ in range(m)]
+
+
+def label_quotas(labels: Sequence[str], k: int) -> dict[str, int]:
+    """Places per label in a ``k``-subset with the labels shared out evenly: ``k // L`` each
+    (the ``k % L`` left over go to different labels from subset to subset). Refuses more
+    labels than ``k`` and a label with too few candidates for its places."""
+    counts = Counter(labels)
+    kinds = sorted(counts)
+    if len(kinds) > k:
+        raise ValueError(f"stratified subsets need at most k={k} distinct labels; the candidates have {len(kinds)} "
+                         f"({', '.join(map(repr, kinds[:5]))}{', ...' if len(kinds) > 5 else ''})")
+    quota = {y: k // len(kinds) for y in kinds}
+    extra = 1 if k % len(kinds) else 0
+    short = {y: counts[y] for y in kinds if counts[y] < quota[y] + extra}
+    if short:
+        raise ValueError(f"stratified {k}-subsets over {len(kinds)} labels need {quota[kinds[0]] + extra} candidates "
+                         f"of each label; these labels have fewer: {short}")
+    return quota
+
+
+def stratified_subsets(labels: Sequence[str], k: int, m: int, rng: np.random.Generator,
+                       focus: Sequence[int] | None = None) -> list[list[int]]:
+    """``m`` subsets of ``k`` candidates with the labels shared out evenly (:func:`label_quotas`),
+    each label's places drawn from its own balanced stream (every candidate of a label appears
+    ``floor`` or ``ceil`` of its share), the subset then shuffled into a random prompt order.
+
+    Every subset holds the same label mix, so the subset losses no longer move with it: a
+    candidate is compared only with the candidates of its own label, which a per-label
+    selection (:func:`top_k_per_label`) then keeps. ``focus``: for adaptive sampling's second
+    round, half of each label's places come from its focus candidates (when it has any), the
+    rest uniformly from the label.
+    """
+    quota = label_quotas(labels, k)
+    kinds = list(quota)
+    members = {y: [i for i, v in enumerate(labels) if v == y] for y in kinds}
+    streams = {y: _Stream(members[y], rng) for y in kinds}
+    focused = {y: [i for i in (focus or ()) if labels[i] == y] for y in kinds}
+    heads = {y: _Stream(focused[y], rng) for y in kinds if focused[y]}
+    extras = _Stream(range(len(kinds)), rng)  # which labels take the k % L places left over
     out = []
     for _ in range(m):
-        subset, members, deferred = [], set(), []
-        while len(subset) < k:
-            if not queue:
-                queue.extend(items[i] for i in rng.permutation(len(items)))
-            i = queue.popleft()
-            if i in members:  # the previous permutation's tail: keep it for the next subset
-                deferred.append(i)
+        more = {kinds[j] for j in extras.draw(k - sum(quota.values()))}
+        subset = []
+        for y in kinds:
+            q = quota[y] + (y in more)
+            if y in heads:
+                head = heads[y].draw(min(math.ceil(q / 2), len(focused[y])))
+                rest = np.setdiff1d(members[y], head)
+                subset += head + rng.choice(rest, size=q - len(head), replace=False).tolist()
             else:
-                subset.append(i)
-                members.add(i)
-        queue.extendleft(reversed(deferred))
-        out.append(subset)
+                subset += streams[y].draw(q)
+        out.append([subset[i] for i in rng.permutation(k)])
     return out
 
 
@@ -613,8 +678,10 @@ class AffinitySelector(Selector):
     ``subsets``: the budget ``M`` (default :func:`subsets_for` at ``eps``); ``coverage``: every
     candidate must be in at least this many subsets of the first round, else a ValueError
     says how many subsets would do; ``adaptive``: fraction of ``M`` spent in a second round on
-    the candidates near the top-``k`` boundary; ``chunk``: subsets per evaluator call (the
-    progress granularity); ``progress(n)`` after every chunk of ``n`` subsets.
+    the candidates near the top-``k`` boundary; ``stratify``: every subset holds the pool's
+    labels in the same even shares (:func:`stratified_subsets`) and the ``k`` demonstrations
+    are chosen with the same shares (:func:`top_k_per_label`); ``chunk``: subsets per evaluator
+    call (the progress granularity); ``progress(n)`` after every chunk of ``n`` subsets.
     """
 
     evaluator: SubsetEvaluator
@@ -623,6 +690,7 @@ class AffinitySelector(Selector):
     coverage: int = 1
     adaptive: float = 0.0
     eps: float = 0.5
+    stratify: bool = False
     chunk: int = 32
     progress: Callable[[int], None] | None = None
 
@@ -648,19 +716,25 @@ class AffinitySelector(Selector):
         if k == n:  # nothing to choose
             return Selection(self.name, list(range(n)), np.zeros(n), details={"estimator": self.estimator})
         first, second = self.plan(n, k)
-        need = math.ceil(self.coverage * n / k)
+        labels = [e.target for e in pool]
+        if self.stratify:  # each label's candidates share its places: covering them takes n_y / quota_y subsets
+            counts = Counter(labels)
+            need = max(math.ceil(self.coverage * counts[y] / q) for y, q in label_quotas(labels, k).items())
+        else:
+            need = math.ceil(self.coverage * n / k)
         if first < need:
             raise ValueError(
                 f"subsets={first} (first round) cannot put each of the {n} candidates in {self.coverage} "
                 f"subset(s) of {k}: use --subsets >= {need}" + (" / (1 - adaptive)" if self.adaptive else "")
             )
-        subsets = balanced_subsets(n, k, first, rng)
+        subsets = stratified_subsets(labels, k, first, rng) if self.stratify else balanced_subsets(n, k, first, rng)
         result = self._evaluate(pool, validation, subsets)
         focus: list[int] = []
         if second:
             scores, stderr = self.estimate(subsets, result.losses, n)
             focus = boundary(scores, stderr, k)
-            more = focused_subsets(n, k, second, focus, rng)
+            more = (stratified_subsets(labels, k, second, rng, focus=focus) if self.stratify
+                    else focused_subsets(n, k, second, focus, rng))
             result = concat(result, self._evaluate(pool, validation, more))
             subsets += more
         losses, cost, tokens = result.losses, result.cost, result.tokens
@@ -669,9 +743,10 @@ class AffinitySelector(Selector):
         queries = result.query_losses.shape[1] if result.query_losses is not None else 0
         unseen = np.flatnonzero(~np.isfinite(scores)).tolist()
         counts = indicator(subsets, n).sum(0)
+        chosen = top_k_per_label(scores, labels, k) if self.stratify else top_k(scores, k)
         return Selection(
-            self.name, top_k(scores, k), scores, cost, tokens, len(subsets), unseen,
-            details={"estimator": self.estimator, "evaluator": self.evaluator.name,
+            self.name, chosen, scores, cost, tokens, len(subsets), unseen,
+            details={"estimator": self.estimator, "evaluator": self.evaluator.name, "stratified": self.stratify,
                      "min_coverage": int(counts.min()), "rounds": [first, second], "focus": focus,
                      "subset_losses": losses.tolist(),
                      **reliability(half, queries),
