@@ -716,3 +716,31 @@ def test_balanced_script_reads_reports_with_label_balanced_losses(capsys, tmp_pa
     assert rows["compressed"][1] > 0.95 > rows["compressed"][0]  # balanced: the quality alone
     assert "shifted" in out and re.search(r"compressed +all query sets, balanced +0\.9", out)
     assert "shift " not in out.split("all query sets")[0].split("r24.json")[1]  # renamed in the second report
+
+
+def test_recency_script_reproduces_the_reports_window_and_dense(files, tmp_path, capsys, monkeypatch):
+    """scripts/recency.py re-reads a fidelity report: the last k demonstrations are the whole
+    prompt (Spearman 1), and a window of the report's size gives the report's window metrics."""
+    import importlib.util
+    import sys
+
+    report = run_json(capsys, *cli_args(files, "--subsets", "4"))
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    spec = importlib.util.spec_from_file_location("recency", Path(__file__).parents[1] / "scripts" / "recency.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "rows.json"
+    n = report["n_window"]
+    monkeypatch.setattr(sys, "argv", ["recency.py", str(path), "--last", "1", "3", "--windows", str(n), "8",
+                                      "--num-sink", str(report["num_sink"]), "--out", str(out)])
+    script.main()
+    assert "| window tokens |" in capsys.readouterr().out
+    rows = json.loads(out.read_text())
+    assert [r["cache"] for r in rows["rows"]][:2] == ["dense prompt of the last 1 demonstration(s)",
+                                                      "dense prompt of the last 3 demonstration(s)"]
+    assert rows["rows"][1]["subset_loss_spearman"] == pytest.approx(1.0)  # k = 3: the whole prompt
+    window = rows["windows"][str(n)]
+    for key in ("kl", "rel_logit_err", "subset_loss_spearman"):
+        assert window[key] == pytest.approx(report[f"window_{key}"], rel=1e-4, abs=1e-6), key
+    assert window["acc_compressed"] == pytest.approx(report["window_acc"])
