@@ -244,10 +244,10 @@ def estimators(args: argparse.Namespace) -> dict:
                     scores, _ = fn(stream[:m], losses[kind][:m], n)
                     if kind:  # stratified subsets compare candidates within their label: chosen per label
                         rows.append(row(f"{est}{kind}", m, S.top_k_per_label(scores, labels, args.k)))
-                        continue
-                    rows.append(row(est, m, S.top_k(scores, args.k)))
-                    if args.per_label:  # the same scores, the k places shared out over the labels
-                        rows.append(row(f"{est}/per-label", m, S.top_k_per_label(scores, labels, args.k)))
+                    else:
+                        rows.append(row(est, m, S.top_k(scores, args.k)))
+                        if args.per_label:  # the same scores, the k places shared out over the labels
+                            rows.append(row(f"{est}/per-label", m, S.top_k_per_label(scores, labels, args.k)))
             for kind in streams if args.adaptive else ():
                 for est in ("mean", "ridge"):
                     # first round: the stream's first m/2 subsets (memo hits, paired)
