@@ -718,8 +718,8 @@ class AffinitySelector(Selector):
         first, second = self.plan(n, k)
         labels = [e.target for e in pool]
         if self.stratify:  # each label's candidates share its places: covering them takes n_y / quota_y subsets
-            counts = Counter(labels)
-            need = max(math.ceil(self.coverage * counts[y] / q) for y, q in label_quotas(labels, k).items())
+            sizes = Counter(labels)
+            need = max(math.ceil(self.coverage * sizes[y] / q) for y, q in label_quotas(labels, k).items())
         else:
             need = math.ceil(self.coverage * n / k)
         if first < need:
