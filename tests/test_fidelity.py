@@ -21,7 +21,7 @@ from icl_ssm import prompts as P
 from icl_ssm import tasks as T
 from icl_ssm.cli import main
 from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
-from icl_ssm.models import tiny_model, tiny_tokenizer
+from icl_ssm.models import load_model, tiny_model, tiny_tokenizer
 
 SMALL = dict(state_size=16, num_virtual=4, num_sink=2, latent_size=8)
 
@@ -744,3 +744,41 @@ def test_recency_script_reproduces_the_reports_window_and_dense(files, tmp_path,
     for key in ("kl", "rel_logit_err", "subset_loss_spearman"):
         assert window[key] == pytest.approx(report[f"window_{key}"], rel=1e-4, abs=1e-6), key
     assert window["acc_compressed"] == pytest.approx(report["window_acc"])
+
+
+def test_blocks_script_cuts_and_encodes_demonstrations_apart(files, tmp_path, capsys, monkeypatch):
+    """scripts/blocks.py: the dense cache cut to tails longer than any demonstration is the
+    dense prompt itself (Spearman 1, KL 0); the first demonstration's block is exact (it sees
+    only the header either way) and the later ones are not; whole-block tails equal the blocks."""
+    import importlib.util
+    import sys
+
+    report = run_json(capsys, *cli_args(files, "--subsets", "4"))
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    spec = importlib.util.spec_from_file_location("blocks", Path(__file__).parents[1] / "scripts" / "blocks.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "rows.json"
+    monkeypatch.setattr(sys, "argv", ["blocks.py", str(path), "--tails", "1", "10000", "--out", str(out)])
+    script.main()
+    assert "| dense tail 1 |" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["paths"]
+    assert rows["dense tail 10000"]["subset_loss_spearman"] == pytest.approx(1.0)
+    assert rows["dense tail 10000"]["kl"] == pytest.approx(0.0, abs=1e-5)
+    np.testing.assert_allclose(rows["block tail 10000"]["subset_loss"], rows["block"]["subset_loss"], atol=1e-5)
+    assert rows["dense tail 1"]["slots"] < rows["block"]["slots"]
+
+    model, tok = load_model(report["config"]["model"])
+    task = T.get_task(report["config"]["task"])
+    builder = P.PromptBuilder.for_model(model, tok, task, chat=report["config"]["chat"])
+    pool = T.split(task, seed=report["seed"]).pool
+    prompt = builder.build_prefix([pool[i] for i in report["per_subset"]["ids"][0]])
+    keys, _ = script.block_kv(model, prompt)
+    dense = K.exact_cache(model, torch.tensor([prompt.input_ids]))
+    first = prompt.demo_spans[0][1]
+    for k, d in zip(keys, dense.keys, strict=True):
+        torch.testing.assert_close(k[:, :first], d[0][:, :first], atol=1e-4, rtol=1e-4)
+    assert max((k[:, first:] - d[0][:, first:]).abs().max().item() for k, d in zip(keys, dense.keys)) > 1e-3
+    h = prompt.demo_spans[0][0]
+    assert script.tail_slots(prompt, 1) == [*range(h), *(e - 1 for _, e in prompt.demo_spans)]
