@@ -782,3 +782,39 @@ def test_blocks_script_cuts_and_encodes_demonstrations_apart(files, tmp_path, ca
     assert max((k[:, first:] - d[0][:, first:]).abs().max().item() for k, d in zip(keys, dense.keys)) > 1e-3
     h = prompt.demo_spans[0][0]
     assert script.tail_slots(prompt, 1) == [*range(h), *(e - 1 for _, e in prompt.demo_spans)]
+
+
+def test_tail_readout_slots_sit_at_each_demonstrations_last_tokens(llama, coin):
+    """scripts/tail_readout.py: RoPE un-rotation inverts rotation; the stored dense tails, rotated
+    back, are the dense cache's keys at those slots; the readout cache holds the exact header and
+    k * s slots, goes on at the prompt's length, and trains the SSM only when it is not the control."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tail_readout",
+                                                  Path(__file__).parents[1] / "scripts" / "tail_readout.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    model, _ = llama
+    task, splits = coin
+    builder, _, prompts = _prefixes(llama, task, splits, n=2, k=3)
+    s = 2
+    prompt = prompts[0]
+    pos = torch.tensor([script.tail_positions(prompt, s)])
+    assert pos[0].tolist() == [i for _, e in prompt.demo_spans for i in (e - 2, e - 1)]
+    k = torch.randn(1, 2, pos.shape[1], model.config.head_dim)
+    torch.testing.assert_close(script.rotate(model, script.rotate(model, k, pos), -pos), k, atol=1e-5, rtol=1e-5)
+    tk, tv = script.dense_tails(model, prompt, s)
+    dense = K.exact_cache(model, torch.tensor([prompt.input_ids]))
+    for layer, (k, v) in enumerate(zip(dense.keys, dense.values, strict=True)):
+        torch.testing.assert_close(script.rotate(model, tk[layer][None].float(), pos)[0], k[0][:, pos[0]],
+                                   atol=2e-2, rtol=2e-2)  # stored in float16
+        torch.testing.assert_close(tv[layer].float(), v[0][:, pos[0]], atol=2e-2, rtol=2e-2)
+    for control in (False, True):
+        tr = script.TailReadout(model, s, control)
+        cache = script.cache_of(model, tr, prompts)
+        h = prompt.demo_spans[0][0]
+        assert cache.length == h + 3 * s
+        assert cache.next_position.tolist() == [len(p.input_ids) for p in prompts]
+        torch.testing.assert_close(cache.keys[0][0, :, :h], dense.keys[0][0, :, :h])  # the exact header
+        sum(x.pow(2).sum() for x in cache.keys + cache.values).backward()
+        assert (tr.c.ssm.Bbar.grad is None) == control and tr.tok.grad.abs().sum() > 0
