@@ -32,7 +32,6 @@ from icl_ssm import atomic
 from icl_ssm import cache as K
 from icl_ssm import fidelity as FI
 from icl_ssm import prompts as P
-from icl_ssm import tasks as T
 from icl_ssm.models import load_model, resolve_device
 
 
@@ -98,14 +97,10 @@ def main() -> None:
     r = json.load(open(args.report))
     cfg = r["config"]
     model, tok = load_model(cfg["model"], device=resolve_device())
-    task = T.get_task(cfg["task"])
-    splits = T.split(task, seed=r["seed"])
-    off = r.get("query_offset", 0)
-    queries = splits.validation[off : off + r["queries"]]
-    builder = P.PromptBuilder.for_model(model, tok, task, chat=cfg["chat"])
-    ids = r["per_subset"]["ids"][: args.subsets]
-    dense = np.array(r["per_subset"]["loss"]["dense"])[: len(ids)]
-    prompts = [builder.build_prefix([splits.pool[i] for i in s]) for s in ids]
+    setting = FI.report_setting(r, model, tok, args.subsets)
+    builder, queries, ids, dense, prompts = (setting.builder, setting.queries, setting.subsets, setting.dense,
+                                             setting.prompts)
+    task = builder.task
     by_ids = {tuple(p.input_ids): p for p in prompts}
 
     def rows_of(i, m):

@@ -25,8 +25,6 @@ from rich.progress import Progress
 from icl_ssm import atomic
 from icl_ssm import cache as K
 from icl_ssm import fidelity as FI
-from icl_ssm import prompts as P
-from icl_ssm import tasks as T
 from icl_ssm.models import load_model, resolve_device
 
 
@@ -41,13 +39,9 @@ def main() -> None:
     r = json.load(open(args.report))
     cfg = r["config"]
     model, tok = load_model(cfg["model"], device=resolve_device())
-    task = T.get_task(cfg["task"])
-    splits = T.split(task, seed=r["seed"])
-    off = r.get("query_offset", 0)
-    queries = splits.validation[off : off + r["queries"]]
-    builder = P.PromptBuilder.for_model(model, tok, task, chat=cfg["chat"])
-    ids = r["per_subset"]["ids"]
-    dense = np.array(r["per_subset"]["loss"]["dense"])
+    setting = FI.report_setting(r, model, tok)
+    builder, queries, ids, dense = setting.builder, setting.queries, setting.subsets, setting.dense
+    task = builder.task
     kw = dict(loss=cfg["loss"], batch=cfg["batch"], query_batch=cfg["query_batch"])
     rows = []
     stderr = Console(stderr=True)
@@ -63,14 +57,14 @@ def main() -> None:
     kw["progress"] = advance
     bar.start()
     for last in args.last:
-        prefixes = [builder.build_prefix([splits.pool[i] for i in s[-last:]]) for s in ids]
+        prefixes = [builder.build_prefix([setting.pool[i] for i in s[-last:]]) for s in ids]
         ev, _ = FI.evaluate_paths(model, builder, prefixes, queries,
                                   {"dense": lambda i, m: K.exact_cache(model, i, m)}, **kw)["dense"]
         rows.append((f"dense prompt of the last {last} demonstration(s)", ev.subset_loss().numpy(),
                      float(ev.prompt_length.float().mean())))
     windows = {}
     if args.windows:
-        prefixes = [builder.build_prefix([splits.pool[i] for i in s]) for s in ids]
+        prefixes = setting.prompts
         paths = {"dense": lambda i, m: K.exact_cache(model, i, m)}
         for n in args.windows:
             paths[f"w{n}"] = lambda i, m, n=n: K.window_cache(model, i, m, args.num_sink, n, "compressed")

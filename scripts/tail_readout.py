@@ -241,11 +241,8 @@ def stage2(model, tr, ps, episodes, cfg, lambda_rank, lambda_label=0.0):
 def evaluate(model, builder, tr, args, out):
     r = json.load(open(args.report))
     cfg = r["config"]
-    splits = T.split(builder.task, seed=r["seed"])
-    queries = splits.validation[r.get("query_offset", 0):][: r["queries"]]
-    ids = r["per_subset"]["ids"]
-    dense = np.array(r["per_subset"]["loss"]["dense"])
-    prompts = [builder.build_prefix([splits.pool[i] for i in s]) for s in ids]
+    setting = FI.report_setting(r, model, builder.tokenizer)
+    queries, dense, prompts = setting.queries, setting.dense, setting.prompts
     by_ids = {tuple(p.input_ids): p for p in prompts}
 
     def rows(i, m):

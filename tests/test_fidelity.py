@@ -718,18 +718,31 @@ def test_balanced_script_reads_reports_with_label_balanced_losses(capsys, tmp_pa
     assert "shift " not in out.split("all query sets")[0].split("r24.json")[1]  # renamed in the second report
 
 
-def test_recency_script_reproduces_the_reports_window_and_dense(files, tmp_path, capsys, monkeypatch):
-    """scripts/recency.py re-reads a fidelity report: the last k demonstrations are the whole
-    prompt (Spearman 1), and a window of the report's size gives the report's window metrics."""
+def _script(name: str):
+    """``scripts/NAME.py`` imported as a module."""
     import importlib.util
-    import sys
 
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "scripts" / f"{name}.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def _saved_report(files, tmp_path, capsys) -> tuple[dict, Path]:
+    """A 4-subset fidelity report of the tiny teacher, and the file it is saved in."""
     report = run_json(capsys, *cli_args(files, "--subsets", "4"))
     path = tmp_path / "report.json"
     path.write_text(json.dumps(report))
-    spec = importlib.util.spec_from_file_location("recency", Path(__file__).parents[1] / "scripts" / "recency.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    return report, path
+
+
+def test_recency_script_reproduces_the_reports_window_and_dense(files, tmp_path, capsys, monkeypatch):
+    """scripts/recency.py re-reads a fidelity report: the last k demonstrations are the whole
+    prompt (Spearman 1), and a window of the report's size gives the report's window metrics."""
+    import sys
+
+    report, path = _saved_report(files, tmp_path, capsys)
+    script = _script("recency")
     out = tmp_path / "rows.json"
     n = report["n_window"]
     monkeypatch.setattr(sys, "argv", ["recency.py", str(path), "--last", "1", "3", "--windows", str(n), "8",
@@ -750,15 +763,10 @@ def test_blocks_script_cuts_and_encodes_demonstrations_apart(files, tmp_path, ca
     """scripts/blocks.py: the dense cache cut to tails longer than any demonstration is the
     dense prompt itself (Spearman 1, KL 0); the first demonstration's block is exact (it sees
     only the header either way) and the later ones are not; whole-block tails equal the blocks."""
-    import importlib.util
     import sys
 
-    report = run_json(capsys, *cli_args(files, "--subsets", "4"))
-    path = tmp_path / "report.json"
-    path.write_text(json.dumps(report))
-    spec = importlib.util.spec_from_file_location("blocks", Path(__file__).parents[1] / "scripts" / "blocks.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    report, path = _saved_report(files, tmp_path, capsys)
+    script = _script("blocks")
     out = tmp_path / "rows.json"
     monkeypatch.setattr(sys, "argv", ["blocks.py", str(path), "--tails", "1", "10000", "--out", str(out)])
     script.main()
@@ -788,12 +796,7 @@ def test_tail_readout_slots_sit_at_each_demonstrations_last_tokens(llama, coin):
     """scripts/tail_readout.py: RoPE un-rotation inverts rotation; the stored dense tails, rotated
     back, are the dense cache's keys at those slots; the readout cache holds the exact header and
     k * s slots, goes on at the prompt's length, and trains the SSM only when it is not the control."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("tail_readout",
-                                                  Path(__file__).parents[1] / "scripts" / "tail_readout.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _script("tail_readout")
     model, _ = llama
     task, splits = coin
     builder, _, prompts = _prefixes(llama, task, splits, n=2, k=3)

@@ -818,6 +818,36 @@ def evaluate_paths(
     }
 
 
+@dataclass
+class ReportSetting:
+    """What a saved ``icl-ssm fidelity --json`` report evaluated, rebuilt so that other caches
+    can be evaluated on the same held-out subsets and queries (``scripts/recency.py``,
+    ``blocks.py``, ``tail_readout.py``). ``dense``: the report's dense subset losses ``(S,)``."""
+
+    builder: P.PromptBuilder
+    pool: list[T.Example]
+    subsets: list[list[int]]
+    prompts: list[P.Prompt]
+    queries: list[T.Example]
+    dense: np.ndarray
+
+
+def report_setting(report: dict, model: PreTrainedModel, tokenizer, subsets: int | None = None) -> ReportSetting:
+    """The setting of ``report`` (its first ``subsets`` held-out subsets, or all) for ``model``."""
+    cfg = report["config"]
+    task = T.get_task(cfg["task"])
+    splits = T.split(task, seed=report["seed"])
+    builder = P.PromptBuilder.for_model(model, tokenizer, task, chat=cfg["chat"])
+    ids = report["per_subset"]["ids"][:subsets]
+    off = report.get("query_offset", 0)
+    return ReportSetting(
+        builder=builder, pool=list(splits.pool), subsets=ids,
+        prompts=[builder.build_prefix([splits.pool[i] for i in s]) for s in ids],
+        queries=list(splits.validation[off : off + report["queries"]]),
+        dense=np.array(report["per_subset"]["loss"]["dense"])[: len(ids)],
+    )
+
+
 def _num(value: float | Tensor) -> float | None:
     """A finite float for JSON, None for NaN (e.g. a correlation with a constant side)."""
     value = float(value)
