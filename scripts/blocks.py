@@ -87,6 +87,13 @@ def stack(model, kvs: list, slots: list[list[int]], lengths: list[int]) -> K.Pre
     return K.PrefixCache(tuple(keys), tuple(values), mask, next_position=n, prompt_length=n)
 
 
+def dense_tail_cache(model, prompts: list[P.Prompt], ids, mask, s: int) -> K.PrefixCache:
+    """The dense cache of ``prompts`` (right-padded ``ids``/``mask``) cut to :func:`tail_slots`."""
+    full = K.exact_cache(model, ids, mask)
+    kvs = [([k[b] for k in full.keys], [v[b] for v in full.values]) for b in range(len(prompts))]
+    return stack(model, kvs, [tail_slots(p, s) for p in prompts], [len(p.input_ids) for p in prompts])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("report")
@@ -115,12 +122,7 @@ def main() -> None:
         return build
 
     def dense_tail(s: int):
-        def build(i, m):
-            ps = rows_of(i, m)
-            full = K.exact_cache(model, i, m)
-            kvs = [([k[b] for k in full.keys], [v[b] for v in full.values]) for b in range(len(ps))]
-            return stack(model, kvs, [tail_slots(p, s) for p in ps], [len(p.input_ids) for p in ps])
-        return build
+        return lambda i, m: dense_tail_cache(model, rows_of(i, m), i, m, s)
 
     paths = {"dense": lambda i, m: K.exact_cache(model, i, m), "block": block(None)}
     for s in args.tails:

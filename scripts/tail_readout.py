@@ -25,6 +25,7 @@ queries, with the dense tail of the same slots beside it.
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -44,11 +45,15 @@ from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.models import load_model
 from icl_ssm.teacher import TeacherCache
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import blocks  # noqa: E402  (scripts/blocks.py: the label-line slots and the dense cache cut to them)
+
 Tensor = torch.Tensor
 
 
 def tail_positions(prompt: P.Prompt, s: int) -> list[int]:
-    return [i for a, e in prompt.demo_spans for i in range(max(a, e - s), e)]
+    """The last ``s`` positions of every demonstration (:func:`blocks.tail_slots` without the header)."""
+    return blocks.tail_slots(prompt, s)[prompt.demo_spans[0][0] :]
 
 
 def rotate(model, k: Tensor, positions: Tensor) -> Tensor:
@@ -249,15 +254,7 @@ def evaluate(model, builder, tr, args, out):
         return [by_ids[tuple(i[b, : int(m[b].sum())].tolist())] for b in range(i.shape[0])]
 
     def dense_tail(i, m):
-        ps = rows(i, m)
-        full = K.exact_cache(model, i, m)
-        h = ps[0].demo_spans[0][0]
-        sl = torch.tensor([[*range(h), *tail_positions(p, args.tail)] for p in ps], device=i.device)
-        take = [k.gather(2, sl[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[-1])) for k in full.keys]
-        vals = [v.gather(2, sl[:, None, :, None].expand(-1, v.shape[1], -1, v.shape[-1])) for v in full.values]
-        n = torch.tensor([len(p.input_ids) for p in ps], device=i.device)
-        return K.PrefixCache(tuple(take), tuple(vals), torch.ones(sl.shape, dtype=torch.bool, device=i.device),
-                             next_position=n, prompt_length=n)
+        return blocks.dense_tail_cache(model, rows(i, m), i, m, args.tail)
 
     tr.eval()
     paths = {"dense": lambda i, m: K.exact_cache(model, i, m), "readout": lambda i, m: cache_of(model, tr, rows(i, m)),
