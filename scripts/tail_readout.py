@@ -64,7 +64,7 @@ def rotate(model, k: Tensor, positions: Tensor) -> Tensor:
 
 
 class TailReadout(torch.nn.Module):
-    def __init__(self, model, s: int, control: bool):
+    def __init__(self, model, s: int, control: bool, k: int = 20, gate_init: float | None = None):
         super().__init__()
         cfg = SSMCompressorConfig.for_teacher(model.config, name="smollm2-135m", state_size=256, num_virtual=s,
                                               num_sink=0, dt=0.002, control=control)
@@ -72,6 +72,9 @@ class TailReadout(torch.nn.Module):
         self.s = s
         H, R = model.config.hidden_size, cfg.latent_size
         self.tok = torch.nn.Parameter(torch.randn(cfg.num_groups, H, R) / math.sqrt(H))
+        # a learned attention-logit bias per slot (demonstration j, tail slot i), as G's gates: a
+        # strongly negative start hides the slots, and training opens each only as far as it helps
+        self.gate = None if gate_init is None else torch.nn.Parameter(torch.full((k * s,), float(gate_init)))
 
     def forward(self, model, prompts: list[P.Prompt]) -> tuple[list[Tensor], list[Tensor], Tensor]:
         """Slots of every prompt: keys (post-RoPE) and values per layer ``(B, H, k*s, d)``, and
@@ -123,7 +126,11 @@ def cache_of(model, tr, prompts) -> K.PrefixCache:
     B = len(prompts)
     n = torch.tensor([len(p.input_ids) for p in prompts], device=model.device)
     mask = torch.ones(B, keys[0].shape[2], dtype=torch.bool, device=model.device)
-    return K.PrefixCache(keys, values, mask, next_position=n, prompt_length=n)
+    bias = None
+    if tr.gate is not None:
+        h = hk[0].shape[2]
+        bias = torch.cat([tr.gate.new_zeros(h), tr.gate]).to(keys[0].dtype)[None].expand(B, -1)
+    return K.PrefixCache(keys, values, mask, next_position=n, prompt_length=n, bias=bias)
 
 
 @torch.no_grad()
@@ -149,6 +156,8 @@ def main() -> None:
     ap.add_argument("--lambda-rank", type=float, default=1.0)
     ap.add_argument("--lambda-label", type=float, default=0.0, help="KL over the label words (the decision)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gate-init", type=float, default=None,
+                    help="gate the slots: a learned attention-logit bias per slot, starting here (G: -4)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.manual_seed(args.seed)
@@ -174,7 +183,8 @@ def main() -> None:
         targets = [dense_tails(model, p, args.tail) for p in prompts]
         torch.save(targets, targets_path)
     print(f"dense tails: {time.time() - t0:.0f} s", flush=True)
-    tr = TailReadout(model, args.tail, args.control)
+    k = len(prompts[0].demo_spans)
+    tr = TailReadout(model, args.tail, args.control, k=k, gate_init=args.gate_init)
     groups: dict[int, list[int]] = {}
     for i, e in enumerate(eps):
         groups.setdefault(e["group"], []).append(i)

@@ -11,7 +11,7 @@ from icl_ssm import fidelity as F
 from icl_ssm import prompts as P
 from icl_ssm import selection as S
 from icl_ssm import tasks as T
-from icl_ssm.bench_select import order_tables, tail_run
+from icl_ssm.bench_select import headroom_summary, order_tables, tail_run
 from icl_ssm.cli import main
 from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.models import load_model, tiny_model
@@ -269,3 +269,53 @@ def test_reliability_script_follows_the_split_half_over_query_counts(tmp_path, c
     script.main()
     out = capsys.readouterr().out
     assert out.count("| t | 0 | affinity |") == 2 and out.count("| t | 0 | affinity:dense |") == 2
+
+
+def test_headroom_summary_bounds_every_set_by_the_answers_that_move():
+    gold = np.array([0, 1, 1, 0, 1])
+    pred = np.array([[0, 0, 0, 0, 1],   # question 4 always "1"; questions 1 and 2 move
+                     [0, 1, 0, 0, 1],
+                     [0, 1, 1, 0, 1]])
+    correct = (pred == gold).astype(float)
+    h = headroom_summary(correct, pred, gold)
+    assert h["sets"] == 3 and h["queries"] == 5
+    assert h["mean"] == pytest.approx((3 + 4 + 5) / 15) and h["max"] == 1.0 and h["min"] == pytest.approx(0.6)
+    assert h["best_minus_mean"] == pytest.approx(1.0 - 0.8)
+    assert h["moved"] == pytest.approx(2 / 5) and h["fixed_right"] == pytest.approx(3 / 5)
+    assert h["fixed_right"] <= h["min"] and h["max"] <= h["fixed_right"] + h["moved"]
+    assert h["some_set_right"] == 1.0 and h["constant_answer"] == pytest.approx(3 / 5)
+    assert h["one_answer_share"] == pytest.approx((4 / 5 + 3 / 5 + 3 / 5) / 3)
+    same = np.zeros((4, 5), dtype=int)  # every set answers "0" everywhere: nothing to select
+    h = headroom_summary((same == gold).astype(float), same, gold)
+    assert h["moved"] == 0.0 and h["std"] == 0.0 and h["one_answer_share"] == 1.0 and h["mean"] == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="at least 2"):
+        headroom_summary(correct[:1], pred[:1], gold)
+    with pytest.raises(ValueError, match="len\\(gold\\) = 4"):
+        headroom_summary(correct, pred, gold[:4])
+
+
+def test_headroom_scores_random_sets_of_one_pool(tmp_path, capsys):
+    task = T.get_task("coin_flip", size=80)
+    data = tmp_path / "coin.jsonl"
+    data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n" for e in task.examples()))
+    out = tmp_path / "headroom.json"
+    assert main(["bench", "headroom", "--model", "tiny-llama", "--tasks", str(data), "--k", "3", "--sets", "3",
+                 "--pool-size", "12", "--test-size", "5", "--json-out", str(out)]) == 0
+    assert "| answers that move |" in capsys.readouterr().out
+    h = json.loads(out.read_text())["tasks"][str(data)]
+    assert h["sets"] == 3 and h["queries"] == 5 and len(h["set_rows"]) == 3
+    model, tokenizer = load_model("tiny-llama")
+    splits = T.split(T.get_task(str(data)), pool_size=12, seed=0)
+    builder = P.PromptBuilder.for_model(model, tokenizer, T.get_task(str(data)))
+    accs = []
+    for row in h["set_rows"]:  # each set is rescored the same, its drawn order kept
+        assert len(set(row["indices"])) == 3 and sum(row["labels"].values()) == 3
+        accs.append(S.evaluate_selection(model, builder, [splits.pool[i] for i in row["indices"]],
+                                         splits.test[:5])["accuracy"])
+        assert row["test_accuracy"] == pytest.approx(accs[-1])
+    assert h["mean"] == pytest.approx(np.mean(accs)) and h["fixed_right"] <= h["min"] <= h["max"]
+    assert main(["bench", "headroom", "--model", "tiny-llama", "--tasks", str(data), "--sets", "1"]) == 2
+    assert "--sets 1; expected >= 2" in capsys.readouterr().err
+    assert main(["bench", "headroom", "--model", "tiny-llama", "--tasks", str(data), "--k", "50",
+                 "--pool-size", "12"]) == 2
+    assert "--k 50 is larger than" in capsys.readouterr().err

@@ -10,7 +10,9 @@
   places shared out over the labels; ``--sampling stratified|both``: subsets drawn with the
   labels in even shares, as ``select --stratify`` draws them);
 * ``select-order``: the selections of earlier ``select-quality`` reports scored again on the
-  test set in every prompt order of :func:`icl_ssm.selection.arrange`.
+  test set in every prompt order of :func:`icl_ssm.selection.arrange`;
+* ``headroom``: what there is to select on a task: random k-subsets of one pool scored densely
+  on the test set, with how far their accuracies spread and how many test answers move at all.
 """
 
 from __future__ import annotations
@@ -374,6 +376,72 @@ def select_order(args: argparse.Namespace) -> dict:
             **order_tables(rows, args.orders)}
 
 
+def headroom_summary(correct: np.ndarray, pred: np.ndarray, gold: np.ndarray) -> dict:
+    """What ``S`` prompts (random subsets of one pool) do to ``Q`` test answers.
+
+    ``correct``, ``pred``: ``(S, Q)`` the task's metric and the predicted label index of every
+    set on every question; ``gold``: ``(Q,)`` the gold label indices. The spread of the sets'
+    accuracies is what a selector can win over a random set (``best_minus_mean``: the best
+    sampled set over the mean, a lower bound on an oracle's gain). ``moved``: the share of
+    questions whose answer differs between any two sets; every sampled set's accuracy lies within
+    ``fixed_right`` (right whatever the set) and ``fixed_right + moved``. ``some_set_right``: the
+    questions at least one set answers right. ``one_answer_share``: the share of its answers a set
+    gives with its most frequent one, averaged over the sets (1.0: every set answers one label);
+    ``constant_answer``: the accuracy of always answering the most frequent gold label."""
+    correct, pred, gold = np.asarray(correct, float), np.asarray(pred), np.asarray(gold)
+    if correct.ndim != 2 or correct.shape != pred.shape or correct.shape[1] != len(gold):
+        raise ValueError(f"correct {correct.shape} and pred {pred.shape} must be (sets, queries) with queries = "
+                         f"len(gold) = {len(gold)}")
+    if correct.shape[0] < 2:
+        raise ValueError(f"{correct.shape[0]} set(s); the spread needs at least 2")
+    acc = correct.mean(1)
+    moved = (pred != pred[:1]).any(0)
+    share = [np.unique(row, return_counts=True)[1].max() / len(row) for row in pred]
+    return {"sets": int(correct.shape[0]), "queries": int(correct.shape[1]), "mean": float(acc.mean()),
+            "std": float(acc.std()), "min": float(acc.min()), "max": float(acc.max()),
+            "best_minus_mean": float(acc.max() - acc.mean()), "moved": float(moved.mean()),
+            "fixed_right": float((correct.min(0) * ~moved).mean()), "some_set_right": float(correct.max(0).mean()),
+            "one_answer_share": float(np.mean(share)),
+            "constant_answer": float(np.unique(gold, return_counts=True)[1].max() / len(gold))}
+
+
+def headroom(args: argparse.Namespace) -> dict:
+    """``--sets`` random k-subsets of one pool per task (each in its drawn order), every one scored
+    densely on the test set: how much choosing the demonstrations can move this model's
+    accuracy on the task at all (:func:`headroom_summary`)."""
+    if args.sets < 2:
+        raise ValueError(f"--sets {args.sets}; expected >= 2 (the spread of accuracies needs two sets)")
+    if args.k < 1:
+        raise ValueError(f"--k {args.k}; expected >= 1")
+    model, tokenizer = load_model(args.model)
+    tasks = {}
+    for task_name in args.tasks:
+        task = T.get_task(task_name)
+        if task.kind != "classification":
+            raise ValueError(f"--tasks {task_name}: headroom reads predicted labels; the task is {task.kind!r}")
+        splits = T.split(task, pool_size=args.pool_size, seed=args.seed)
+        if args.k > len(splits.pool):
+            raise ValueError(f"--k {args.k} is larger than {task_name}'s pool of {len(splits.pool)}")
+        builder = P.PromptBuilder.for_model(model, tokenizer, task)
+        test = splits.test[: args.test_size]
+        rng = np.random.default_rng(args.seed)
+        sets, correct, pred = [], [], []
+        for j in range(args.sets):
+            idx = [int(i) for i in rng.choice(len(splits.pool), size=args.k, replace=False)]
+            r = S.evaluate_selection(model, builder, [splits.pool[i] for i in idx], test,
+                                     query_batch=args.query_batch, per_query=True)
+            labels = Counter(splits.pool[i].target for i in idx)
+            sets.append({"indices": idx, "test_accuracy": r["accuracy"], "test_loss": r["loss"],
+                         "labels": dict(labels)})
+            correct.append(r["correct"])
+            pred.append(r["pred"])
+            _log(f"{task_name} set {j}: {r['accuracy']:.3f} ({r['seconds']:.0f} s) labels {dict(labels)}")
+        gold = [builder.label_index(e) for e in test]
+        tasks[task_name] = {**headroom_summary(np.array(correct), np.array(pred), np.array(gold)), "set_rows": sets}
+    return {"model": args.model, "k": args.k, "seed": args.seed, "pool_size": args.pool_size,
+            "test_size": args.test_size, "tasks": tasks}
+
+
 def order_tables(rows: list[dict], orders: list[str]) -> dict:
     """``table``: per order, the statistics over selections of each selection's accuracy (its
     mean over the random order's permutations), paired against the first order; ``methods``:
@@ -457,6 +525,16 @@ def _markdown(kind: str, result: dict) -> str:
             cells.setdefault((r["report"], r["seed"], r["method"]), {}).setdefault(r["order"], []).append(r)
         for (report, seed, method), by in cells.items():
             lines.append(f"| {report} | {seed} | {method} | " + " | ".join(_order_cell(by[o]) for o in orders) + " |")
+        return "\n".join(lines)
+    if kind == "headroom":
+        lines = ["| task | sets | test accuracy (mean ± std) | min | max | max - mean | answers that move | "
+                 "right whatever the set | some set right | one answer's share | constant answer |",
+                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {t} | {h['sets']} | {100 * h['mean']:.1f} ± {100 * h['std']:.1f} | {100 * h['min']:.1f} | "
+                  f"{100 * h['max']:.1f} | {100 * h['best_minus_mean']:+.1f} | {100 * h['moved']:.1f}% | "
+                  f"{100 * h['fixed_right']:.1f} | {100 * h['some_set_right']:.1f} | "
+                  f"{100 * h['one_answer_share']:.1f}% | {100 * h['constant_answer']:.1f} |"
+                  for t, h in result["tasks"].items()]
         return "\n".join(lines)
     budgets = sorted({m for c in result["curve"].values() for m in c})
     lines = ["| estimator | " + " | ".join(f"M={m}" for m in budgets) + " | subsets to reach mean@max |",
@@ -544,6 +622,20 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--query-batch", type=int, default=32)
     p.add_argument("--json-out", help="also write the full result as JSON here")
     p.set_defaults(func=_run("select-order", select_order))
+
+    p = kinds.add_parser("headroom", formatter_class=fmt,
+                         help="how far random demonstration sets move a task's test accuracy: what there is to select")
+    p.add_argument("--tasks", nargs="+", default=["rotten_tomatoes", "cr", "coin_flip", "modular_addition",
+                                                  "edge_existence"])
+    p.add_argument("--k", type=int, default=20)
+    p.add_argument("--sets", type=int, default=30, help="random subsets of the pool, each scored on the test set")
+    p.add_argument("--pool-size", type=int, default=100)
+    p.add_argument("--test-size", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--query-batch", type=int, default=32)
+    p.add_argument("--json-out", help="also write the full result as JSON here")
+    p.set_defaults(func=_run("headroom", headroom))
 
     p = kinds.add_parser("estimators", parents=[common], formatter_class=fmt,
                          help="selected-set test accuracy against subsets: mean, ridge, adaptive")

@@ -817,9 +817,11 @@ def evaluate_selection(
     compressor: SSMCompressor | None = None,
     loss: str = "nll",
     query_batch: int = 32,
-) -> dict[str, float]:
+    per_query: bool = False,
+) -> dict[str, Any]:
     """Accuracy and mean loss of the prompt made of ``demos`` on ``test``, with any evaluator's
-    cache (``"dense"`` by default: the real prompt).
+    cache (``"dense"`` by default: the real prompt). ``per_query`` adds every test query's
+    ``correct`` (0/1) and ``pred`` (the predicted label index; -1 for generative tasks).
 
     One prefix serves every test query, so the queries are packed ``query_batch`` to a sequence
     after it (:func:`icl_ssm.fidelity.answer_logits_packed`) instead of each getting a copy of
@@ -833,5 +835,9 @@ def evaluate_selection(
     with torch.no_grad(), measure(device) as cost:
         result = evaluate_prefixes(model, builder, ev.build(ids.to(device), mask.to(device)), test, loss=loss,
                                    query_batch=query_batch, keep_logits=False, pack=True)
-    return {"accuracy": float(result.correct.mean()), "loss": float(result.loss.mean()),
-            "flops": cost.flops, "seconds": cost.seconds}
+    out: dict[str, Any] = {"accuracy": float(result.correct.mean()), "loss": float(result.loss.mean()),
+                           "flops": cost.flops, "seconds": cost.seconds}
+    if per_query:
+        out["correct"] = result.correct[0].tolist()
+        out["pred"] = result.pred[0].tolist()
+    return out
