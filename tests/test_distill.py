@@ -549,3 +549,28 @@ def test_numeric_answers_are_scored_where_they_differ(tmp_cache, tmp_path):
     assert TT.TeacherCache.open(d).spec == s  # the stored leads read back as the spec's
     with pytest.raises(ValueError, match="answer_leads has 2 entries for 1 tasks"):
         spec(answer_leads=((1,), (2,)))
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_packed_teacher_pass_gives_the_reference_targets(name, tmp_cache):
+    from icl_ssm import tasks as T
+    from icl_ssm.prompts import PromptBuilder
+
+    model, tok = load_model(name)
+    task = T.get_task("coin_flip", size=60)
+    pool = T.split(task, seed=0).pool
+    builder = PromptBuilder.for_model(model, tok, task)
+    lead = builder.answer_lead(pool[4:9])
+    s = spec(num_recent=3)
+    packed = TT.teacher_targets(model, builder, pool[:4], pool[4:9], s, lead)  # 5 queries of different lengths
+    reference = TT.teacher_targets(model, builder, pool[:4], pool[4:9], s, lead, pack=False)
+    assert len({len(q) for q in packed["query_ids"]}) > 1
+    assert set(packed) == set(reference)
+    for name_, value in reference.items():
+        if name_ == "query_ids":
+            assert [q.tolist() for q in packed[name_]] == [q.tolist() for q in value]
+        elif value.is_floating_point():
+            torch.testing.assert_close(packed[name_].float(), value.float(), rtol=1e-3, atol=2e-3)
+        elif name_ != "top_idx":  # ties among the tail of the top 64 may swap under rounding
+            assert torch.equal(packed[name_], value), name_
+    assert torch.equal(packed["top_idx"][:, :8], reference["top_idx"][:, :8])

@@ -410,62 +410,11 @@ def answer_logits(
 def answer_logits_packed(
     model: PreTrainedModel, prefixes: K.PrefixCache, suffixes: Sequence[Sequence[int]], rows: Sequence[int]
 ) -> Tensor:
-    """:func:`answer_logits` with every suffix of a prefix row packed into one sequence.
-
-    :func:`answer_logits` gives each suffix its own copy of its row's cache, so a long prefix
-    (a dense 50-shot prompt is ~1700 tokens) is copied once per query, at every layer. Here the
-    suffixes that share a row are laid end to end as segments of one sequence: a segment sees
-    the prefix and its own earlier tokens (a block-diagonal causal mask), its position ids
-    restart at the prefix's ``next_position``, and the logits are read at each segment's last
-    token. The prefix is read once per row and nothing is padded but the ends of shorter rows.
-    Same result as :func:`answer_logits` up to float rounding; the attention between segments is
-    computed and masked, so the work grows with the square of a row's packed length (keep
-    ``query_batch`` pairs a row moderate). ``(n, V)`` float32.
-    """
-    if len(suffixes) != len(rows):
-        raise ValueError(f"{len(suffixes)} suffixes but {len(rows)} prefix rows; expected equal")
-    device = prefixes.mask.device
-    groups: dict[int, list[int]] = {}  # prefix row -> its pairs, in order
-    for i, (s, r) in enumerate(zip(suffixes, rows, strict=True)):
-        if not s:
-            raise ValueError(f"suffix {i} is empty; expected at least one token")
-        groups.setdefault(int(r), []).append(i)
-    width = max(sum(len(suffixes[i]) for i in pairs) for pairs in groups.values())
-    B = len(groups)
-    ids = torch.zeros((B, width), dtype=torch.long)
-    segment = torch.full((B, width), -1, dtype=torch.long)  # which suffix each slot holds; -1: padding
-    offset = torch.zeros((B, width), dtype=torch.long)  # a slot's index inside its segment
-    keep = torch.zeros((B, width), dtype=torch.bool)  # segment ends: where the logits are read
-    order = []  # pair index of each kept position, in row-major order
-    for b, pairs in enumerate(groups.values()):
-        at = 0
-        for i in pairs:
-            s = list(suffixes[i])
-            ids[b, at : at + len(s)] = torch.tensor(s, dtype=torch.long)
-            segment[b, at : at + len(s)] = i
-            offset[b, at : at + len(s)] = torch.arange(len(s))
-            keep[b, at + len(s) - 1] = True
-            order.append(i)
-            at += len(s)
-    sub = prefixes.select(list(groups))
-    dtype = sub.keys[0].dtype
-    low = torch.finfo(dtype).min
-    bias = torch.zeros(sub.mask.shape, dtype=dtype, device=device) if sub.bias is None else sub.bias.to(dtype)
-    seen = torch.where(sub.mask, bias, torch.full_like(bias, low))  # (B, L)
-    causal = torch.arange(width)[None, :] <= torch.arange(width)[:, None]  # (S, S) j <= i
-    sees = (segment[:, :, None] == segment[:, None, :]) & causal[None] & (segment[:, None, :] >= 0)  # (B, S, S)
-    own = torch.zeros(sees.shape, dtype=dtype).masked_fill(~sees, low).to(device)
-    attention = torch.cat([seen[:, None].expand(B, width, -1), own], dim=2)[:, None]  # (B, 1, S, L + S)
-    positions = sub.next_position[:, None] + offset.to(device)
-    keep = keep.to(device)
-    extra = {"logits_to_keep": keep} if _logits_to_keep(model) else {}
+    """:func:`answer_logits` with every suffix of a prefix row packed into one sequence
+    (:func:`icl_ssm.cache.forward_packed`): the prefix is read once per row instead of copied
+    once per query. Same result up to float rounding; ``(n, V)`` float32."""
     with torch.no_grad():
-        out = model(input_ids=ids.to(device), attention_mask=attention, position_ids=positions,
-                    use_cache=True, **P.with_cache(model, sub.to_dynamic()), **extra)
-    z = out.logits if extra else out.logits[keep]  # (n, V), row-major over kept positions
-    result = torch.empty((len(suffixes), z.shape[-1]), dtype=torch.float32, device=z.device)
-    result[torch.tensor(order, device=z.device)] = z.reshape(len(order), -1).float()
-    return result
+        return K.forward_packed(model, prefixes, suffixes, rows)[0]
 
 
 def answer_logits_ref(

@@ -196,13 +196,16 @@ def pool_kv(kv: Tensor, length: int, num_sink: int, num_virtual: int) -> Tensor:
 
 @torch.no_grad()
 def teacher_targets(model, builder: PromptBuilder, demos: list[T.Example], queries: list[T.Example],
-                    spec: TeacherSpec, lead: Sequence[int] = ()) -> dict[str, Tensor]:
+                    spec: TeacherSpec, lead: Sequence[int] = (), pack: bool = True) -> dict[str, Tensor]:
     """One episode's targets (see the module docstring); shapes without the episode axis.
 
     ``lead``: the tokens every answer starts with (``PromptBuilder.answer_lead``); they end each
     stored query, so the targets (distribution, gold token, label tokens, hidden states) are
     those of the first token where answers differ. The label tokens are the labels' distinct
-    tokens there, in label order. Computed on the model's device, returned on the CPU."""
+    tokens there, in label order. ``pack``: the queries are read as segments of one sequence
+    after the prefix (:func:`icl_ssm.cache.forward_packed`); ``False`` is the reference path,
+    each query after its own copy of the prefix (the same targets up to float rounding).
+    Computed on the model's device, returned on the CPU."""
     device = model.device
     prefix_ids = torch.tensor([builder.build_prefix(demos).input_ids], device=device)
     dense = K.exact_cache(model, prefix_ids)
@@ -212,16 +215,22 @@ def teacher_targets(model, builder: PromptBuilder, demos: list[T.Example], queri
     pool_v = torch.stack([pool_kv(v[0], end, spec.num_sink, spec.num_virtual) for v in dense.values])
     lead = list(lead)
     suffixes = [torch.tensor(builder.build_suffix(q).input_ids + lead) for q in queries]
-    ids, mask = pad_ids(suffixes, side="left")  # the answer position is the last one for every row
-    out = K.forward_with_prefix(model, dense.repeat_interleave(len(queries)), ids.to(device), mask.to(device),
-                                output_hidden_states=True, logits_to_keep=1)
-    logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # (Q, V)
+    if pack:  # every query a segment of one sequence after the prefix (read once, not copied per query)
+        with torch.no_grad():
+            logits, hidden = K.forward_packed(model, dense, [s.tolist() for s in suffixes], [0] * len(queries),
+                                              output_hidden_states=True)
+    else:  # the reference: each query after its own copy of the prefix, left-padded
+        ids, mask = pad_ids(suffixes, side="left")  # the answer position is the last one for every row
+        out = K.forward_with_prefix(model, dense.repeat_interleave(len(queries)), ids.to(device), mask.to(device),
+                                    output_hidden_states=True, logits_to_keep=1)
+        logits = out.logits[:, -1]
+        hidden = torch.stack([h[:, -1] for h in out.hidden_states[1:]], dim=1)  # (Q, m, H)
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (Q, V)
     top_logp, top_idx = logp.topk(spec.topk, dim=-1)
     gold = torch.tensor([builder.answer_ids(q)[len(lead)] for q in queries], device=device)
     labels = builder.task.labels if builder.task.kind == "classification" else ()
     distinct = dict.fromkeys(builder.answer_ids(lab)[len(lead)] for lab in labels)
     label_tokens = torch.tensor(list(distinct), dtype=torch.long, device=device)
-    hidden = torch.stack([h[:, -1] for h in out.hidden_states[1:]], dim=1)  # (Q, m, H)
     targets = {
         "prompt_ids": prefix_ids[0],
         "pool_k": pool_k.half(),
