@@ -319,3 +319,35 @@ def test_headroom_scores_random_sets_of_one_pool(tmp_path, capsys):
     assert main(["bench", "headroom", "--model", "tiny-llama", "--tasks", str(data), "--k", "50",
                  "--pool-size", "12"]) == 2
     assert "--k 50 is larger than" in capsys.readouterr().err
+
+
+def test_headroom_checks_every_task_first_and_keeps_the_finished_ones(tmp_path, monkeypatch, capsys):
+    data = tmp_path / "coin.jsonl"
+    data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n"
+                            for e in T.get_task("coin_flip", size=80).examples()))
+    small = tmp_path / "small.jsonl"  # two examples: a pool of 2, too small for k = 3
+    small.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n"
+                             for e in T.get_task("coin_flip", size=80).examples()[:2]))
+    calls = []
+    evaluate = S.evaluate_selection
+    monkeypatch.setattr("icl_ssm.bench_select.S.evaluate_selection",
+                        lambda *a, **kw: calls.append(1) or evaluate(*a, **kw))
+    out = tmp_path / "headroom.json"
+    args = ["bench", "headroom", "--model", "tiny-llama", "--k", "3", "--sets", "2", "--pool-size", "12",
+            "--test-size", "4", "--json-out", str(out)]
+    assert main([*args, "--tasks", str(data), str(small)]) == 2
+    assert "is larger than" in capsys.readouterr().err
+    assert not calls and not out.exists()  # refused before the first task was scored
+
+    def fail_on_the_second_task(model, builder, demos, test, **kw):
+        if len(calls) == 2:
+            raise RuntimeError("stopped")
+        calls.append(1)
+        return evaluate(model, builder, demos, test, **kw)
+
+    monkeypatch.setattr("icl_ssm.bench_select.S.evaluate_selection", fail_on_the_second_task)
+    with pytest.raises(RuntimeError, match="stopped"):
+        main([*args, "--tasks", str(data), "coin_flip"])
+    partial = json.loads(out.read_text())
+    assert partial["partial"] is True and partial["tasks_done"] == [str(data)]
+    assert partial["tasks"][str(data)]["sets"] == 2 and "coin_flip" not in partial["tasks"]

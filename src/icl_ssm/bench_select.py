@@ -408,13 +408,14 @@ def headroom_summary(correct: np.ndarray, pred: np.ndarray, gold: np.ndarray) ->
 def headroom(args: argparse.Namespace) -> dict:
     """``--sets`` random k-subsets of one pool per task (each in its drawn order), every one scored
     densely on the test set: how much choosing the demonstrations can move this model's
-    accuracy on the task at all (:func:`headroom_summary`)."""
+    accuracy on the task at all (:func:`headroom_summary`). Every task is checked before the
+    first is scored; with ``--json-out`` the report is rewritten after every task (``partial``,
+    ``tasks_done``), so a long run that is stopped keeps the tasks it finished."""
     if args.sets < 2:
         raise ValueError(f"--sets {args.sets}; expected >= 2 (the spread of accuracies needs two sets)")
     if args.k < 1:
         raise ValueError(f"--k {args.k}; expected >= 1")
-    model, tokenizer = load_model(args.model)
-    tasks = {}
+    todo = []
     for task_name in args.tasks:
         task = T.get_task(task_name)
         if task.kind != "classification":
@@ -422,6 +423,12 @@ def headroom(args: argparse.Namespace) -> dict:
         splits = T.split(task, pool_size=args.pool_size, seed=args.seed)
         if args.k > len(splits.pool):
             raise ValueError(f"--k {args.k} is larger than {task_name}'s pool of {len(splits.pool)}")
+        todo.append((task_name, task, splits))
+    model, tokenizer = load_model(args.model)
+    tasks = {}
+    report = {"model": args.model, "k": args.k, "seed": args.seed, "pool_size": args.pool_size,
+              "test_size": args.test_size, "tasks": tasks}
+    for n, (task_name, task, splits) in enumerate(todo):
         builder = P.PromptBuilder.for_model(model, tokenizer, task)
         test = splits.test[: args.test_size]
         rng = np.random.default_rng(args.seed)
@@ -438,8 +445,10 @@ def headroom(args: argparse.Namespace) -> dict:
             _log(f"{task_name} set {j}: {r['accuracy']:.3f} ({r['seconds']:.0f} s) labels {dict(labels)}")
         gold = [builder.label_index(e) for e in test]
         tasks[task_name] = {**headroom_summary(np.array(correct), np.array(pred), np.array(gold)), "set_rows": sets}
-    return {"model": args.model, "k": args.k, "seed": args.seed, "pool_size": args.pool_size,
-            "test_size": args.test_size, "tasks": tasks}
+        if args.json_out and n < len(todo) - 1:
+            atomic.write_json(args.json_out, {**report, "partial": True, "tasks_done": list(tasks),
+                                              "argv": getattr(args, "argv", None)})
+    return report
 
 
 def order_tables(rows: list[dict], orders: list[str]) -> dict:
