@@ -4,6 +4,7 @@ The oracle tests plant known good demonstrations in a loss that is an exact func
 subset; the model tests use a tiny random Llama and a small generated task.
 """
 
+import json
 import math
 from itertools import groupby
 
@@ -461,3 +462,20 @@ def test_load_pretrained_names_what_is_shipped():
     assert find_pretrained("tiny-llama", "coin_flip") is None
     with pytest.raises(ValueError, match="no compressor is shipped for model 'tiny-llama'"):
         load_pretrained("tiny-llama", "coin_flip")
+
+
+def test_find_pretrained_takes_the_shot_count_nearest_the_one_asked_for(tmp_path, monkeypatch):
+    from icl_ssm import compressor as C
+
+    for name, model, task, k in [("a", "m", "t", 20), ("b", "m", "t", 50), ("c", "m", "u", 8), ("d", "n", "t", 45)]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "recipe.json").write_text(json.dumps({"model": model, "tasks": [task], "k": k}))
+    monkeypatch.setattr(C, "pretrained_root", lambda: tmp_path)
+    assert C.find_pretrained("m", "t") == tmp_path / "a"  # no k: the smallest
+    assert C.find_pretrained("m", "t", 8) == tmp_path / "a"
+    assert C.find_pretrained("m", "t", 35) == tmp_path / "a"  # a tie: the smaller
+    assert C.find_pretrained("m", "t", 36) == tmp_path / "b"
+    assert C.find_pretrained("m", "t", 200) == tmp_path / "b"
+    assert C.find_pretrained("m", "u", 50) == tmp_path / "c" and C.find_pretrained("m", "v", 20) is None
+    with pytest.raises(ValueError, match=r"shipped: m/t/k=20, m/t/k=50, m/u/k=8, n/t/k=45"):
+        C.load_pretrained("x", "t", k=20)

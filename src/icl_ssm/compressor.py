@@ -336,23 +336,29 @@ def pretrained_root() -> Path:
     return Path(str(resources.files("icl_ssm") / "pretrained"))
 
 
-def find_pretrained(model: str, task: str) -> Path | None:
-    """The shipped folder for ``model`` and ``task``, or None."""
+def find_pretrained(model: str, task: str, k: int | None = None) -> Path | None:
+    """The shipped folder for ``model`` and ``task``, or None. Where several are shipped for
+    them (one per shot count), the one trained at the ``k`` nearest the one asked for (the
+    smaller on a tie; without ``k``, the smallest)."""
     root = pretrained_root()
+    found = []
     for recipe in sorted(root.glob("*/recipe.json")) if root.is_dir() else []:
         meta = json.loads(recipe.read_text())
         if meta.get("model") == model and task in meta.get("tasks", []):
-            return recipe.parent
-    return None
+            trained_k = int(meta.get("k", 0))
+            found.append((abs(trained_k - k) if k is not None else 0, trained_k, recipe.parent))
+    return min(found, key=lambda f: f[:2])[2] if found else None
 
 
-def load_pretrained(model: str, task: str, teacher_config: PreTrainedConfig | None = None) -> SSMCompressor:
-    """The compressor shipped for ``model`` (an embedded name) and ``task``."""
-    found = find_pretrained(model, task)
+def load_pretrained(model: str, task: str, teacher_config: PreTrainedConfig | None = None,
+                    k: int | None = None) -> SSMCompressor:
+    """The compressor shipped for ``model`` (an embedded name) and ``task``, trained at the
+    shot count nearest ``k`` where several are shipped."""
+    found = find_pretrained(model, task, k)
     if found is None:
         root = pretrained_root()
         shipped = [json.loads(p.read_text()) for p in sorted(root.glob("*/recipe.json"))] if root.is_dir() else []
-        have = ", ".join(f"{m['model']}/{'+'.join(m['tasks'])}" for m in shipped) or "none"
+        have = ", ".join(f"{m['model']}/{'+'.join(m['tasks'])}/k={m.get('k')}" for m in shipped) or "none"
         raise ValueError(f"no compressor is shipped for model {model!r} and task {task!r} (shipped: {have}); "
                          "train one with `icl-ssm distill` and load it with load_compressor(DIR)")
     return load_compressor(found / "compressor", teacher_config)

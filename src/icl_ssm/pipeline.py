@@ -145,7 +145,7 @@ def resolve_compressor(cfg: RunConfig, out: Path, stages: Stages) -> dict:
     if cfg.compressor:
         load_compressor(cfg.compressor)  # a clear error now rather than after the other stages
         return {"compressor": str(Path(cfg.compressor).resolve()), "control": cfg.control, "source": "given"}
-    shipped = None if cfg.distill else find_pretrained(cfg.model, cfg.task)
+    shipped = None if cfg.distill else find_pretrained(cfg.model, cfg.task, cfg.k)
     if shipped is not None:
         control = shipped / "control"
         recipe = json.loads((shipped / "recipe.json").read_text())
