@@ -232,3 +232,23 @@ def test_hub_task_offline_is_a_clear_error(capsys, tmp_cache):
     assert main(["select", "--model", "tiny-llama", "--task", "sst2", "--method", "random", "--k", "2"]) == 2
     err = capsys.readouterr().err
     assert "icl-ssm select: error:" in err and "hub" in err and "Traceback" not in err
+
+
+def test_affinity_without_a_compressor_takes_the_shipped_one(files, tmp_path, monkeypatch, capsys):
+    from icl_ssm import compressor as C
+
+    shipped = tmp_path / "tiny--coin--k3"
+    shipped.mkdir()
+    (shipped / "recipe.json").write_text(json.dumps({"model": "tiny-llama", "tasks": [files["data"]], "k": 3}))
+    (shipped / "compressor").symlink_to(files["comp"])
+    monkeypatch.setattr(C, "pretrained_root", lambda: tmp_path)
+    given = run_json(capsys, *args(files, "--compressor", files["comp"], "--subsets", "8"))
+    out = tmp_path / "sel"
+    assert main([*args(files, "--subsets", "8", "--out", str(out)), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "using the one shipped for tiny-llama" in captured.err and "tiny--coin--k3" in captured.err
+    assert json.loads(captured.out)["indices"] == given["indices"]
+    assert json.loads((out / "select_config.json").read_text())["compressor"] == str(shipped / "compressor")
+    monkeypatch.setattr(C, "pretrained_root", lambda: tmp_path / "none")
+    assert main(args(files, "--subsets", "8")) == 2
+    assert "none is shipped for --model tiny-llama" in capsys.readouterr().err

@@ -16,7 +16,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from icl_ssm import baselines as _baselines  # noqa: F401  (registers bm25, topk
 from icl_ssm import prompts as P
 from icl_ssm import selection as S
 from icl_ssm import tasks as T
-from icl_ssm.compressor import SSMCompressor, load_compressor
+from icl_ssm.compressor import SSMCompressor, find_pretrained, load_compressor
 from icl_ssm.fidelity import LOSSES
 from icl_ssm.models import DEFAULT_MODEL, load_model
 
@@ -78,8 +78,9 @@ class SelectConfig:
         if self.loss not in LOSSES:
             raise ValueError(f"--loss {self.loss!r}; accepted: {', '.join(LOSSES)}")
         if self.method == "affinity" and self.evaluator == "compressed" and not self.compressor:
-            raise ValueError("--method affinity --evaluator compressed needs --compressor DIR "
-                             "(train one with `icl-ssm distill`), or use --evaluator dense")
+            raise ValueError(f"--method affinity --evaluator compressed needs --compressor DIR (none is shipped "
+                             f"for --model {self.model} and --task {self.task}; train one with `icl-ssm distill`), "
+                             "or use --evaluator dense")
         for name in ("queries", "batch", "query_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected >= 1")
@@ -229,8 +230,22 @@ def write_selection(out: Path, selection: S.Selection, summary: dict, pool, buil
     atomic.write_json(out / "summary.json", summary)
 
 
+def with_shipped_compressor(cfg: SelectConfig) -> SelectConfig:
+    """``cfg`` with ``compressor`` set to the one shipped for its model and task (trained at the
+    shot count nearest ``k``) when affinity on compressed caches was asked for without one."""
+    if cfg.compressor or cfg.method != "affinity" or cfg.evaluator != "compressed":
+        return cfg
+    shipped = find_pretrained(cfg.model, cfg.task, cfg.k)
+    if shipped is None:
+        return cfg
+    k = json.loads((shipped / "recipe.json").read_text()).get("k")
+    print(f"icl-ssm select: no --compressor given; using the one shipped for {cfg.model} / {cfg.task} "
+          f"({shipped.name}, trained at k={k})", file=sys.stderr)
+    return replace(cfg, compressor=str(shipped / "compressor"))
+
+
 def _main(args: argparse.Namespace) -> int:
-    cfg = SelectConfig(**{f.name: getattr(args, f.name) for f in fields(SelectConfig)})
+    cfg = with_shipped_compressor(SelectConfig(**{f.name: getattr(args, f.name) for f in fields(SelectConfig)}))
     cfg.check()
     out = atomic.prepare_dir(args.out) if args.out else None
     import torch
