@@ -336,17 +336,20 @@ def pretrained_root() -> Path:
     return Path(str(resources.files("icl_ssm") / "pretrained"))
 
 
+def shipped_recipes() -> list[tuple[Path, dict]]:
+    """``(folder, recipe)`` of every compressor shipped with the package, in folder order."""
+    root = pretrained_root()
+    paths = sorted(root.glob("*/recipe.json")) if root.is_dir() else []
+    return [(path.parent, json.loads(path.read_text())) for path in paths]
+
+
 def find_pretrained(model: str, task: str, k: int | None = None) -> Path | None:
     """The shipped folder for ``model`` and ``task``, or None. Where several are shipped for
     them (one per shot count), the one trained at the ``k`` nearest the one asked for (the
     smaller on a tie; without ``k``, the smallest)."""
-    root = pretrained_root()
-    found = []
-    for recipe in sorted(root.glob("*/recipe.json")) if root.is_dir() else []:
-        meta = json.loads(recipe.read_text())
-        if meta.get("model") == model and task in meta.get("tasks", []):
-            trained_k = int(meta.get("k", 0))
-            found.append((abs(trained_k - k) if k is not None else 0, trained_k, recipe.parent))
+    found = [(abs(int(meta.get("k", 0)) - k) if k is not None else 0, int(meta.get("k", 0)), folder)
+             for folder, meta in shipped_recipes()
+             if meta.get("model") == model and task in meta.get("tasks", [])]
     return min(found, key=lambda f: f[:2])[2] if found else None
 
 
@@ -356,9 +359,7 @@ def load_pretrained(model: str, task: str, teacher_config: PreTrainedConfig | No
     shot count nearest ``k`` where several are shipped."""
     found = find_pretrained(model, task, k)
     if found is None:
-        root = pretrained_root()
-        shipped = [json.loads(p.read_text()) for p in sorted(root.glob("*/recipe.json"))] if root.is_dir() else []
-        have = ", ".join(f"{m['model']}/{'+'.join(m['tasks'])}/k={m.get('k')}" for m in shipped) or "none"
+        have = ", ".join(f"{m['model']}/{'+'.join(m['tasks'])}/k={m.get('k')}" for _, m in shipped_recipes()) or "none"
         raise ValueError(f"no compressor is shipped for model {model!r} and task {task!r} (shipped: {have}); "
                          "train one with `icl-ssm distill` and load it with load_compressor(DIR)")
     return load_compressor(found / "compressor", teacher_config)

@@ -78,8 +78,11 @@ class SelectConfig:
         if self.loss not in LOSSES:
             raise ValueError(f"--loss {self.loss!r}; accepted: {', '.join(LOSSES)}")
         if self.method == "affinity" and self.evaluator == "compressed" and not self.compressor:
-            raise ValueError(f"--method affinity --evaluator compressed needs --compressor DIR (none is shipped "
-                             f"for --model {self.model} and --task {self.task}; train one with `icl-ssm distill`), "
+            shipped = find_pretrained(self.model, self.task, self.k)
+            where = (f"the one shipped for them is {shipped / 'compressor'}" if shipped else
+                     f"none is shipped for --model {self.model} and --task {self.task}; train one with "
+                     "`icl-ssm distill`")
+            raise ValueError(f"--method affinity --evaluator compressed needs --compressor DIR ({where}), "
                              "or use --evaluator dense")
         for name in ("queries", "batch", "query_batch"):
             if getattr(self, name) < 1:
