@@ -13,14 +13,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerFast
 
-from icl_ssm.models import (
-    TINY_CHAT_TEMPLATE,
-    TINY_CORPUS,
-    TINY_SPECIAL_TOKENS,
-    tiny_model,
-    tiny_tokenizer,
-)
-from icl_ssm.prompts import output_cache
+from icl_ssm.lm.hf import output_cache
+from icl_ssm.lm.tiny import TINY_CHAT_TEMPLATE, TINY_CORPUS, TINY_SPECIAL_TOKENS, tiny_model, tiny_tokenizer
 
 # the pre-tokenizer regex of Llama-3 / Qwen2: punctuation absorbs the newlines after it
 LLAMA3_PATTERN = (
@@ -30,7 +24,7 @@ LLAMA3_PATTERN = (
 
 
 def tiny_llama3_style_tokenizer(*, vocab_size: int = 400) -> PreTrainedTokenizerFast:
-    """Like :func:`icl_ssm.models.tiny_tokenizer` but with Llama-3's pre-tokenizer regex and
+    """Like :func:`icl_ssm.lm.tiny.tiny_tokenizer` but with Llama-3's pre-tokenizer regex and
     no BOS added (as Qwen2): ``".\\n\\n"`` is one pre-token here."""
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence(
@@ -77,7 +71,7 @@ def save_tiny(path: Path, arch: str = "llama", *, seed: int = 0, **overrides) ->
 
 @dataclass(frozen=True)
 class FakeExample:
-    """Same fields as ``icl_ssm.tasks.Example``."""
+    """Same fields as ``icl_ssm.data.tasks.Example``."""
 
     id: str
     input: str
@@ -86,7 +80,7 @@ class FakeExample:
 
 @dataclass(frozen=True)
 class FakeTask:
-    """Duck-typed stand-in for ``icl_ssm.tasks.Task``."""
+    """Duck-typed stand-in for ``icl_ssm.data.tasks.Task``."""
 
     name: str = "fake-sentiment"
     kind: str = "classification"
@@ -163,7 +157,7 @@ QA_EXAMPLES = (
 
 @dataclass(frozen=True)
 class FakePrefix:
-    """The interface of ``icl_ssm.cache.PrefixCache`` that icl_ssm.prompts relies on:
+    """The interface of ``icl_ssm.compress.cache.PrefixCache`` that icl_ssm.lm.prompts relies on:
     per-layer ``(B, H_kv, L, d)`` keys/values, ``mask: (B, L)``, ``next_position: (B,)``."""
 
     keys: tuple

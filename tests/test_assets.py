@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from icl_ssm import assets
-from icl_ssm.assets import Asset, AssetError
+from icl_ssm.data import assets
+from icl_ssm.data.assets import Asset, AssetError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PAYLOAD = b"the pinned payload\n"
@@ -216,7 +216,7 @@ CHILD = textwrap.dedent(
     import shutil, sys, time
     from pathlib import Path
     sys.path.insert(0, {src!r})
-    from icl_ssm import assets
+    from icl_ssm.data import assets
 
     def slow_copy(asset, dest):
         with open({log!r}, "a") as f:

@@ -5,33 +5,37 @@ import pytest
 import torch
 from helpers import FakeExample
 
-from icl_ssm import baselines as B
-from icl_ssm import prompts as P
-from icl_ssm import tasks as T
-from icl_ssm.models import tiny_model, tiny_tokenizer
-from icl_ssm.selection import SELECTORS, top_k
+from icl_ssm.data.splits import split
+from icl_ssm.data.tasks import get_task
+from icl_ssm.lm.prompts import PromptBuilder
+from icl_ssm.lm.scoring import answer_loss
+from icl_ssm.lm.tiny import tiny_model, tiny_tokenizer
+from icl_ssm.select.base import SELECTORS, top_k
+from icl_ssm.select.bm25 import BM25Selector
+from icl_ssm.select.gradce import GradCESelector, anchor_loss, demo_embedding
+from icl_ssm.select.topk import TopKSelector, embed
 
 
 @pytest.fixture(scope="module")
 def setup():
-    task = T.get_task("coin_flip", size=60)
-    splits = T.split(task, pool_size=12, val_size=4, test_size=4, seed=0)
+    task = get_task("coin_flip", size=60)
+    splits = split(task, pool_size=12, val_size=4, test_size=4, seed=0)
     model, tokenizer = tiny_model("llama"), tiny_tokenizer()
-    return model, P.PromptBuilder(tokenizer, task), splits.pool, splits.validation
+    return model, PromptBuilder(tokenizer, task), splits.pool, splits.validation
 
 
 def make(name, model, builder):
     if name == "bm25":
-        return B.BM25Selector()
+        return BM25Selector()
     if name == "topk":
-        return B.TopKSelector(model, builder, batch=5)
-    return B.GradCESelector(model, builder, prefilter=2, batch=3)
+        return TopKSelector(model, builder, batch=5)
+    return GradCESelector(model, builder, prefilter=2, batch=3)
 
 
 def test_registered():
-    assert SELECTORS["bm25"] is B.BM25Selector
-    assert SELECTORS["topk"] is B.TopKSelector
-    assert SELECTORS["gradce"] is B.GradCESelector
+    assert SELECTORS["bm25"] is BM25Selector
+    assert SELECTORS["topk"] is TopKSelector
+    assert SELECTORS["gradce"] is GradCESelector
 
 
 @pytest.mark.parametrize("name", ["bm25", "topk", "gradce"])
@@ -70,9 +74,9 @@ def test_bad_inputs(setup, name):
 def test_bad_options(setup):
     model, builder, _, _ = setup
     with pytest.raises(ValueError, match="batch=0"):
-        B.TopKSelector(model, builder, batch=0)
+        TopKSelector(model, builder, batch=0)
     with pytest.raises(ValueError, match="prefilter=0"):
-        B.GradCESelector(model, builder, prefilter=0)
+        GradCESelector(model, builder, prefilter=0)
 
 
 def test_bm25_prefers_overlapping_text():
@@ -82,7 +86,7 @@ def test_bm25_prefers_overlapping_text():
             FakeExample("d", "melted cheese on a crispy pizza crust", "x"),
             FakeExample("e", "the stock market fell sharply", "x")]
     val = [FakeExample("v0", "where can I get good pizza", "x"), FakeExample("v1", "which cheese melts best", "x")]
-    sel = B.BM25Selector().select(pool, val, 2, np.random.default_rng(0))
+    sel = BM25Selector().select(pool, val, 2, np.random.default_rng(0))
     assert sorted(sel.indices) == [1, 3]
     assert np.all(sel.scores[[0, 2, 4]] == 0) and np.all(sel.scores[[1, 3]] > 0)
 
@@ -90,7 +94,7 @@ def test_bm25_prefers_overlapping_text():
 def test_topk_identical_candidate_scores_highest(setup):
     model, builder, pool, val = setup
     pool = [*pool[:5], FakeExample("copy", val[0].input, val[0].target), *pool[5:]]
-    sel = B.TopKSelector(model, builder).select(pool, val[:1], 2, np.random.default_rng(0))
+    sel = TopKSelector(model, builder).select(pool, val[:1], 2, np.random.default_rng(0))
     assert int(np.argmax(sel.scores)) == 5 and sel.indices[-1] == 5
     assert sel.scores[5] == pytest.approx(1.0, abs=1e-5)
     assert sel.tokens == sum(len(builder.build_suffix(e)) for e in [*pool, val[0]])
@@ -99,8 +103,8 @@ def test_topk_identical_candidate_scores_highest(setup):
 def test_embed_does_not_depend_on_batch(setup):
     model, builder, pool, val = setup
     with torch.no_grad():
-        one, tokens = B.embed(model, builder, pool, batch=1)
-        many, _ = B.embed(model, builder, pool, batch=7)
+        one, tokens = embed(model, builder, pool, batch=1)
+        many, _ = embed(model, builder, pool, batch=7)
     assert one.shape == (len(pool), model.config.hidden_size)
     assert tokens == sum(len(builder.build_suffix(e)) for e in pool)
     torch.testing.assert_close(one, many, atol=1e-5, rtol=1e-5)
@@ -111,8 +115,8 @@ def test_anchor_loss_matches_answer_loss(setup):
     demos = pool[:3]
     delta = torch.zeros(model.config.hidden_size)
     with torch.no_grad():
-        ours = B.anchor_loss(model, builder, demos, val, delta, batch=3)
-        ref = P.answer_loss(model, builder, [builder.build(demos, q) for q in val], val).mean()
+        ours = anchor_loss(model, builder, demos, val, delta, batch=3)
+        ref = answer_loss(model, builder, [builder.build(demos, q) for q in val], val).mean()
     assert float(ours) == pytest.approx(float(ref), rel=1e-5)
 
 
@@ -120,15 +124,15 @@ def test_gradce_gradient_matches_finite_differences(setup):
     _, builder, pool, val = setup
     model = tiny_model("llama").double()  # float64 (RMSNorm still rounds through float32)
     demos = pool[:3]
-    loss0, g = B.GradCESelector(model, builder, batch=3).gradient(demos, val)
+    loss0, g = GradCESelector(model, builder, batch=3).gradient(demos, val)
     with torch.no_grad():
-        assert loss0 == pytest.approx(float(B.anchor_loss(model, builder, demos, val, torch.zeros(32).double())),
+        assert loss0 == pytest.approx(float(anchor_loss(model, builder, demos, val, torch.zeros(32).double())),
                                       rel=1e-10)
 
         def slope(v, h):  # central difference, Richardson-extrapolated: error O(h^4)
             def d(h):
-                return float(B.anchor_loss(model, builder, demos, val, h * v)
-                             - B.anchor_loss(model, builder, demos, val, -h * v)) / (2 * h)
+                return float(anchor_loss(model, builder, demos, val, h * v)
+                             - anchor_loss(model, builder, demos, val, -h * v)) / (2 * h)
             return (4 * d(h / 2) - d(h)) / 3
 
         random = torch.randn(32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
@@ -141,8 +145,8 @@ def test_gradce_gradient_matches_finite_differences(setup):
 
 def test_gradce_prefilter_and_scores(setup):
     model, builder, pool, val = setup
-    sel = B.GradCESelector(model, builder, prefilter=2, batch=4).select(pool, val, 2, np.random.default_rng(0))
-    sim, _ = B.TopKSelector(model, builder).similarity(pool, val)
+    sel = GradCESelector(model, builder, prefilter=2, batch=4).select(pool, val, 2, np.random.default_rng(0))
+    sim, _ = TopKSelector(model, builder).similarity(pool, val)
     kept = set(top_k(sim, 4))
     assert sel.details["prefiltered"] == 4
     assert set(np.flatnonzero(np.isfinite(sel.scores))) == kept
@@ -150,12 +154,12 @@ def test_gradce_prefilter_and_scores(setup):
     assert sel.details["anchor"] == top_k(sim, 2)
     # every kept score is -(L0 + g . (e(z) - e_anchor)) at the anchor
     demos = [pool[i] for i in sel.details["anchor"]]
-    loss0, g = B.GradCESelector(model, builder).gradient(demos, val)
+    loss0, g = GradCESelector(model, builder).gradient(demos, val)
     assert sel.details["anchor_loss"] == pytest.approx(loss0, rel=1e-5)
     with torch.no_grad():
-        e_anchor = B.demo_embedding(model, builder, demos)
+        e_anchor = demo_embedding(model, builder, demos)
         for z in kept:
-            expect = loss0 + float(g @ (B.demo_embedding(model, builder, [pool[z]]) - e_anchor))
+            expect = loss0 + float(g @ (demo_embedding(model, builder, [pool[z]]) - e_anchor))
             assert -sel.scores[z] == pytest.approx(expect, rel=1e-4, abs=1e-6)
     assert all(p.requires_grad for p in model.parameters()) and all(p.grad is None for p in model.parameters())
 

@@ -7,14 +7,21 @@ import numpy as np
 import pytest
 import torch
 
-from icl_ssm import fidelity as F
-from icl_ssm import prompts as P
-from icl_ssm import selection as S
-from icl_ssm import tasks as T
-from icl_ssm.bench_select import headroom_summary, order_tables, tail_run
+from icl_ssm.bench import selection as bench_selection
+from icl_ssm.bench.selection import headroom_summary, order_tables, tail_run
 from icl_ssm.cli import main
-from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
-from icl_ssm.models import load_model, tiny_model
+from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
+from icl_ssm.data.splits import split
+from icl_ssm.data.tasks import get_task
+from icl_ssm.evaluate.stats import spearman_brown
+from icl_ssm.lm.models import load_model
+from icl_ssm.lm.prompts import PromptBuilder
+from icl_ssm.lm.tiny import tiny_model
+from icl_ssm.select.base import arrange, order_rng, top_k, top_k_per_label
+from icl_ssm.select.estimators import mean_affinity, ridge_affinity
+from icl_ssm.select.evaluate import evaluate_selection
+from icl_ssm.select.evaluators import CacheEvaluator
+from icl_ssm.select.sampling import balanced_subsets, stratified_subsets
 
 
 def test_order_tables_average_the_random_draws_per_selection():
@@ -36,7 +43,7 @@ def test_order_tables_average_the_random_draws_per_selection():
 
 
 def test_selection_benchmarks_produce_tables(tmp_path, capsys):
-    task = T.get_task("coin_flip", size=120)
+    task = get_task("coin_flip", size=120)
     data = tmp_path / "coin.jsonl"
     data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n" for e in task.examples()))
     with torch.random.fork_rng(devices=[]):
@@ -95,7 +102,7 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
                  and r["method"] == run["method"]]
         assert len(drawn) == 3 and all(sorted(d) == sorted(run["indices"]) for d in drawn)
         # the first draw is `select --order random`'s; later draws continue the same generator
-        assert drawn[0] == S.arrange(run["indices"], [""] * len(run["indices"]), "random", S.order_rng(run["seed"]))
+        assert drawn[0] == arrange(run["indices"], [""] * len(run["indices"]), "random", order_rng(run["seed"]))
     assert main(["bench", "select-order", "--reports", str(out), "--permutations", "0"]) == 2
     assert "--permutations 0; expected >= 1" in capsys.readouterr().err
     assert main(["bench", "select-order", "--model", "tiny-qwen2", "--reports", str(out)]) == 2
@@ -126,16 +133,16 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
     perm = json.loads(averaged.read_text())
     assert perm["settings"]["permutations"] == 3 and perm["settings"]["balance_labels"] is True
     model, tokenizer = load_model("tiny-llama")
-    task = T.get_task(str(data))
-    splits = T.split(task, pool_size=12, seed=0)
-    builder = P.PromptBuilder.for_model(model, tokenizer, task)
+    task = get_task(str(data))
+    splits = split(task, pool_size=12, seed=0)
+    builder = PromptBuilder.for_model(model, tokenizer, task)
     row = perm["rows"][0]
-    stream = S.balanced_subsets(12, 3, 8, np.random.default_rng(0))
-    losses = S.CacheEvaluator(model, builder, "dense", pack=True, balance_labels=True).evaluate(
+    stream = balanced_subsets(12, 3, 8, np.random.default_rng(0))
+    losses = CacheEvaluator(model, builder, "dense", pack=True, balance_labels=True).evaluate(
         splits.pool, splits.validation[:3], stream).losses
-    chosen = sorted(S.top_k(np.nan_to_num(S.mean_affinity(stream, losses, 12)[0], nan=-np.inf), 3))
-    rng = S.order_rng(0)
-    expected = np.mean([S.evaluate_selection(model, builder, [splits.pool[chosen[i]] for i in rng.permutation(3)],
+    chosen = sorted(top_k(np.nan_to_num(mean_affinity(stream, losses, 12)[0], nan=-np.inf), 3))
+    rng = order_rng(0)
+    expected = np.mean([evaluate_selection(model, builder, [splits.pool[chosen[i]] for i in rng.permutation(3)],
                                              splits.test[:4])["loss"] for _ in range(3)])
     assert row["estimator"] == "mean" and row["test_loss"] == pytest.approx(expected, rel=1e-5)
     quota = tmp_path / "est-quota.json"
@@ -144,12 +151,12 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
                  "--no-adaptive", "--json-out", str(quota)]) == 0
     rows = {r["estimator"]: r for r in json.loads(quota.read_text())["rows"]}
     assert set(rows) == {"mean", "ridge", "mean/per-label", "ridge/per-label"}  # no adaptive rounds
-    stream = S.balanced_subsets(12, 4, 8, np.random.default_rng(0))
-    losses = S.CacheEvaluator(model, builder, "dense", pack=True).evaluate(
+    stream = balanced_subsets(12, 4, 8, np.random.default_rng(0))
+    losses = CacheEvaluator(model, builder, "dense", pack=True).evaluate(
         splits.pool, splits.validation[:3], stream).losses
-    scores = S.mean_affinity(stream, losses, 12)[0]
-    assert rows["mean"]["indices"] == S.top_k(scores, 4)
-    assert rows["mean/per-label"]["indices"] == S.top_k_per_label(scores, [e.target for e in splits.pool], 4)
+    scores = mean_affinity(stream, losses, 12)[0]
+    assert rows["mean"]["indices"] == top_k(scores, 4)
+    assert rows["mean/per-label"]["indices"] == top_k_per_label(scores, [e.target for e in splits.pool], 4)
     assert rows["mean/per-label"]["labels"] == {"no": 2, "yes": 2}
     both = tmp_path / "est-both.json"  # uniform and stratified streams side by side
     assert main(["bench", "estimators", *common, "--task", str(data), "--evaluator", "dense", "--k", "4",
@@ -157,12 +164,12 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
                  "--no-adaptive", "--json-out", str(both)]) == 0
     rows = {r["estimator"]: r for r in json.loads(both.read_text())["rows"]}
     assert set(rows) == {"mean", "ridge", "mean/stratified", "ridge/stratified"}
-    assert rows["mean"]["indices"] == S.top_k(scores, 4)  # the uniform rows as before
+    assert rows["mean"]["indices"] == top_k(scores, 4)  # the uniform rows as before
     labels = [e.target for e in splits.pool]
-    stream = S.stratified_subsets(labels, 4, 8, np.random.default_rng(0))
-    losses = S.CacheEvaluator(model, builder, "dense", pack=True).evaluate(
+    stream = stratified_subsets(labels, 4, 8, np.random.default_rng(0))
+    losses = CacheEvaluator(model, builder, "dense", pack=True).evaluate(
         splits.pool, splits.validation[:3], stream).losses
-    assert rows["ridge/stratified"]["indices"] == S.top_k_per_label(S.ridge_affinity(stream, losses, 12)[0], labels, 4)
+    assert rows["ridge/stratified"]["indices"] == top_k_per_label(ridge_affinity(stream, losses, 12)[0], labels, 4)
     assert rows["mean/stratified"]["labels"] == {"no": 2, "yes": 2}
     strat = tmp_path / "est-strat.json"  # stratified alone, with its adaptive rounds
     assert main(["bench", "estimators", *common, "--task", str(data), "--evaluator", "dense", "--k", "4",
@@ -177,17 +184,17 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
 
 
 def test_estimators_keep_the_finished_seeds_when_a_later_one_fails(tmp_path, monkeypatch, capsys):
-    task = T.get_task("coin_flip", size=120)
+    task = get_task("coin_flip", size=120)
     data = tmp_path / "coin.jsonl"
     data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n" for e in task.examples()))
-    split = T.split
+    real_split = bench_selection.split
 
     def fail_on_seed_1(*a, seed, **kw):
         if seed == 1:
             raise ValueError("seed 1 stops here")
-        return split(*a, seed=seed, **kw)
+        return real_split(*a, seed=seed, **kw)
 
-    monkeypatch.setattr("icl_ssm.bench_select.T.split", fail_on_seed_1)
+    monkeypatch.setattr(bench_selection, "split", fail_on_seed_1)
     out = tmp_path / "est.json"
     argv = ["bench", "estimators", "--model", "tiny-llama", "--queries", "3", "--task", str(data), "--evaluator",
             "dense", "--k", "3", "--seeds", "0", "1", "--budgets", "4", "--pool-size", "12", "--test-size", "4",
@@ -198,7 +205,7 @@ def test_estimators_keep_the_finished_seeds_when_a_later_one_fails(tmp_path, mon
     assert partial["partial"] is True and partial["seeds_done"] == [0]
     assert {r["seed"] for r in partial["rows"]} == {0}
     assert {r["estimator"] for r in partial["rows"]} == {"mean", "ridge"}
-    monkeypatch.setattr("icl_ssm.bench_select.T.split", split)
+    monkeypatch.setattr("icl_ssm.bench.selection.split", split)
     assert main(argv) == 0
     full = json.loads(out.read_text())
     assert "partial" not in full and full["seeds_done"] == [0, 1]
@@ -224,7 +231,7 @@ def test_bench_label_scores_agrees_with_the_reference_path(tmp_cache, capsys):
 
 
 def test_agreement_with_the_dense_evaluator():
-    from icl_ssm.bench_select import agreement
+    from icl_ssm.bench.selection import agreement
 
     dense = {"task": "t", "seed": 0, "method": "affinity:dense", "subset_losses": [0.1, 0.2, 0.3, 0.4],
              "scores": [4.0, 3.0, None, 1.0], "indices": [0, 1]}
@@ -239,12 +246,12 @@ def test_agreement_with_the_dense_evaluator():
 
 
 def test_reliability_script_follows_the_split_half_over_query_counts(tmp_path, capsys, monkeypatch):
-    """scripts/reliability.py on a planted report: the dense losses are a subset effect plus
+    """research/reliability.py on a planted report: the dense losses are a subset effect plus
     query noise, the compressed ones the same effect almost without noise."""
     import importlib.util
     import sys
 
-    path = Path(__file__).parents[1] / "scripts" / "reliability.py"
+    path = Path(__file__).parents[1] / "research" / "reliability.py"
     spec = importlib.util.spec_from_file_location("reliability", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -261,7 +268,7 @@ def test_reliability_script_follows_the_split_half_over_query_counts(tmp_path, c
     assert rows[1]["vs_dense"] == pytest.approx(rows[1]["vs_dense_all"])
     dense_rows = script.curve(runs[0], None, [16, 32, 64], base=16)
     assert dense_rows[0]["split_half"] < dense_rows[2]["split_half"]
-    assert dense_rows[2]["predicted"] == pytest.approx(F.spearman_brown(dense_rows[0]["split_half"], 4))
+    assert dense_rows[2]["predicted"] == pytest.approx(spearman_brown(dense_rows[0]["split_half"], 4))
     assert dense_rows[2]["split_half"] == pytest.approx(dense_rows[2]["predicted"], abs=0.15)
     report = tmp_path / "r.json"
     report.write_text(json.dumps({"runs": runs}))
@@ -295,7 +302,7 @@ def test_headroom_summary_bounds_every_set_by_the_answers_that_move():
 
 
 def test_headroom_scores_random_sets_of_one_pool(tmp_path, capsys):
-    task = T.get_task("coin_flip", size=80)
+    task = get_task("coin_flip", size=80)
     data = tmp_path / "coin.jsonl"
     data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n" for e in task.examples()))
     out = tmp_path / "headroom.json"
@@ -305,12 +312,12 @@ def test_headroom_scores_random_sets_of_one_pool(tmp_path, capsys):
     h = json.loads(out.read_text())["tasks"][str(data)]
     assert h["sets"] == 3 and h["queries"] == 5 and len(h["set_rows"]) == 3
     model, tokenizer = load_model("tiny-llama")
-    splits = T.split(T.get_task(str(data)), pool_size=12, seed=0)
-    builder = P.PromptBuilder.for_model(model, tokenizer, T.get_task(str(data)))
+    splits = split(get_task(str(data)), pool_size=12, seed=0)
+    builder = PromptBuilder.for_model(model, tokenizer, get_task(str(data)))
     accs = []
     for row in h["set_rows"]:  # each set is rescored the same, its drawn order kept
         assert len(set(row["indices"])) == 3 and sum(row["labels"].values()) == 3
-        accs.append(S.evaluate_selection(model, builder, [splits.pool[i] for i in row["indices"]],
+        accs.append(evaluate_selection(model, builder, [splits.pool[i] for i in row["indices"]],
                                          splits.test[:5])["accuracy"])
         assert row["test_accuracy"] == pytest.approx(accs[-1])
     assert h["mean"] == pytest.approx(np.mean(accs)) and h["fixed_right"] <= h["min"] <= h["max"]
@@ -324,13 +331,13 @@ def test_headroom_scores_random_sets_of_one_pool(tmp_path, capsys):
 def test_headroom_checks_every_task_first_and_keeps_the_finished_ones(tmp_path, monkeypatch, capsys):
     data = tmp_path / "coin.jsonl"
     data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n"
-                            for e in T.get_task("coin_flip", size=80).examples()))
+                            for e in get_task("coin_flip", size=80).examples()))
     small = tmp_path / "small.jsonl"  # two examples: a pool of 2, too small for k = 3
     small.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n"
-                             for e in T.get_task("coin_flip", size=80).examples()[:2]))
+                             for e in get_task("coin_flip", size=80).examples()[:2]))
     calls = []
-    evaluate = S.evaluate_selection
-    monkeypatch.setattr("icl_ssm.bench_select.S.evaluate_selection",
+    evaluate = evaluate_selection
+    monkeypatch.setattr("icl_ssm.bench.selection.evaluate_selection",
                         lambda *a, **kw: calls.append(1) or evaluate(*a, **kw))
     out = tmp_path / "headroom.json"
     args = ["bench", "headroom", "--model", "tiny-llama", "--k", "3", "--sets", "2", "--pool-size", "12",
@@ -345,7 +352,7 @@ def test_headroom_checks_every_task_first_and_keeps_the_finished_ones(tmp_path, 
         calls.append(1)
         return evaluate(model, builder, demos, test, **kw)
 
-    monkeypatch.setattr("icl_ssm.bench_select.S.evaluate_selection", fail_on_the_second_task)
+    monkeypatch.setattr("icl_ssm.bench.selection.evaluate_selection", fail_on_the_second_task)
     with pytest.raises(RuntimeError, match="stopped"):
         main([*args, "--tasks", str(data), "coin_flip"])
     partial = json.loads(out.read_text())

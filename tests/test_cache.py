@@ -1,12 +1,21 @@
+
 import json
 
 import pytest
 import torch
 
-from icl_ssm import cache as K
-from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig, load_compressor, parameter_budget
-from icl_ssm.models import tiny_config, tiny_model
-from icl_ssm.prompts import output_cache
+from icl_ssm.compress.cache import (
+    PrefixCache,
+    compressed_cache,
+    exact_cache,
+    forward_with_prefix,
+    generate_with_prefix,
+    window_cache,
+)
+from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load_compressor, parameter_budget
+from icl_ssm.lm.hf import output_cache
+from icl_ssm.lm.scoring import continuation_logprobs, continuation_logprobs_ref, greedy_generate
+from icl_ssm.lm.tiny import tiny_config, tiny_model
 
 ARCHS = [("llama", {}), ("qwen2", {}), ("llama", {"head_dim": 24, "num_key_value_heads": 1})]
 
@@ -34,7 +43,7 @@ def model(request):
 def test_exact_cache_reproduces_dense_logits(model):
     ids, mask = prompts(model)
     query = torch.randint(5, model.config.vocab_size, (3, 5))
-    logits = K.forward_with_prefix(model, K.exact_cache(model, ids, mask), query).logits
+    logits = forward_with_prefix(model, exact_cache(model, ids, mask), query).logits
     for b, L in enumerate(mask.sum(1).tolist()):
         dense = model(torch.cat([ids[b, :L], query[b]])[None]).logits[0, -5:]
         torch.testing.assert_close(logits[b], dense, rtol=0, atol=1e-4)
@@ -44,7 +53,7 @@ def test_exact_cache_with_padded_query(model):
     ids, mask = prompts(model)
     query = torch.randint(5, model.config.vocab_size, (3, 6))
     qmask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [0] * 3 + [1] * 3], dtype=torch.bool)
-    logits = K.forward_with_prefix(model, K.exact_cache(model, ids, mask), query, qmask).logits
+    logits = forward_with_prefix(model, exact_cache(model, ids, mask), query, qmask).logits
     for b, L in enumerate(mask.sum(1).tolist()):
         q = query[b][qmask[b]]
         dense = model(torch.cat([ids[b, :L], q])[None]).logits[0, -len(q):]
@@ -54,7 +63,7 @@ def test_exact_cache_with_padded_query(model):
 def test_compressed_cache_shapes_follow_the_teacher(model):
     comp = small_compressor(model)
     ids, mask = prompts(model)
-    pc = K.compressed_cache(model, comp, ids, mask)
+    pc = compressed_cache(model, comp, ids, mask)
     c = model.config
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     assert len(pc.keys) == c.num_hidden_layers
@@ -63,7 +72,7 @@ def test_compressed_cache_shapes_follow_the_teacher(model):
     assert pc.next_position.tolist() == [6, 6, 6]
     assert pc.prompt_length.tolist() == [20, 13, 7]
     # the sinks are exactly the teacher's K/V of the first tokens
-    exact = K.exact_cache(model, ids, mask)
+    exact = exact_cache(model, ids, mask)
     for k_c, k_e in zip(pc.keys, exact.keys):
         torch.testing.assert_close(k_c[:, :, :2], k_e[:, :, :2])
 
@@ -71,7 +80,7 @@ def test_compressed_cache_shapes_follow_the_teacher(model):
 def test_original_position_convention(model):
     comp = small_compressor(model, position="original")
     ids, mask = prompts(model)
-    pc = K.compressed_cache(model, comp, ids, mask)
+    pc = compressed_cache(model, comp, ids, mask)
     assert pc.next_position.tolist() == [20, 13, 7]
 
 
@@ -79,24 +88,24 @@ def test_batch_of_different_subsets_equals_each_alone(model):
     comp = small_compressor(model)
     ids, mask = prompts(model, lengths=(9, 17, 12))
     query = torch.randint(5, model.config.vocab_size, (3, 4))
-    batched = K.forward_with_prefix(model, K.compressed_cache(model, comp, ids, mask), query).logits
+    batched = forward_with_prefix(model, compressed_cache(model, comp, ids, mask), query).logits
     for b, L in enumerate(mask.sum(1).tolist()):
-        alone = K.compressed_cache(model, comp, ids[b : b + 1, :L])
+        alone = compressed_cache(model, comp, ids[b : b + 1, :L])
         torch.testing.assert_close(
-            K.forward_with_prefix(model, alone, query[b : b + 1]).logits[0], batched[b], rtol=1e-4, atol=1e-5
+            forward_with_prefix(model, alone, query[b : b + 1]).logits[0], batched[b], rtol=1e-4, atol=1e-5
         )
 
 
 def test_prefix_rows_can_be_repeated_per_query(model):
     comp = small_compressor(model)
     ids, mask = prompts(model)
-    pc = K.compressed_cache(model, comp, ids, mask)
+    pc = compressed_cache(model, comp, ids, mask)
     rep = pc.repeat_interleave(2)
     assert rep.batch_size == 6
     torch.testing.assert_close(rep.keys[0][1], pc.keys[0][0])
     query = torch.randint(5, model.config.vocab_size, (6, 3))
-    out = K.forward_with_prefix(model, rep, query).logits
-    torch.testing.assert_close(out[2], K.forward_with_prefix(model, pc.select([1]), query[2:3]).logits[0],
+    out = forward_with_prefix(model, rep, query).logits
+    torch.testing.assert_close(out[2], forward_with_prefix(model, pc.select([1]), query[2:3]).logits[0],
                                rtol=1e-4, atol=1e-5)
 
 
@@ -104,10 +113,10 @@ def test_generate_runs_from_compressed_and_matches_dense_from_exact(model):
     ids, mask = prompts(model)
     query = torch.randint(5, model.config.vocab_size, (3, 4), generator=torch.Generator().manual_seed(0))
     comp = small_compressor(model)
-    new = K.generate_with_prefix(model, K.compressed_cache(model, comp, ids, mask), query,
+    new = generate_with_prefix(model, compressed_cache(model, comp, ids, mask), query,
                                  max_new_tokens=3, do_sample=False)
     assert new.shape == (3, 3)
-    exact = K.generate_with_prefix(model, K.exact_cache(model, ids, mask), query, max_new_tokens=3, do_sample=False)
+    exact = generate_with_prefix(model, exact_cache(model, ids, mask), query, max_new_tokens=3, do_sample=False)
     for b, L in enumerate(mask.sum(1).tolist()):
         full = torch.cat([ids[b, :L], query[b]])[None]
         dense = model.generate(full, max_new_tokens=3, do_sample=False)[0, full.shape[1]:]
@@ -118,13 +127,13 @@ def test_generate_runs_from_compressed_and_matches_dense_from_exact(model):
 
 def test_window_cache_keeps_sinks_and_recent_tokens(model):
     ids, mask = prompts(model)
-    w = K.window_cache(model, ids, mask, num_sink=2, n_window=4)
+    w = window_cache(model, ids, mask, num_sink=2, n_window=4)
     assert w.length == 6 and w.mask.all()
     # the window's K/V equal a dense pass over exactly those tokens
     kept = torch.cat([ids[1, :2], ids[1, 13 - 4 : 13]])[None]
-    torch.testing.assert_close(w.keys[0][1:2], K.exact_cache(model, kept).keys[0])
+    torch.testing.assert_close(w.keys[0][1:2], exact_cache(model, kept).keys[0])
     # a prompt shorter than the window keeps everything, padding on the left of the slots
-    short = K.window_cache(model, ids[2:, :7], None, num_sink=2, n_window=10)
+    short = window_cache(model, ids[2:, :7], None, num_sink=2, n_window=10)
     assert short.mask.sum().item() == 7 and short.next_position.tolist() == [7]
 
 
@@ -192,14 +201,14 @@ def test_control_ignores_the_prompt(model):
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda m, c: K.compressed_cache(m, c, torch.zeros(1, 0, dtype=torch.long)), "non-empty"),
-        (lambda m, c: K.compressed_cache(m, c, torch.ones(2, 1, dtype=torch.long)),
+        (lambda m, c: compressed_cache(m, c, torch.zeros(1, 0, dtype=torch.long)), "non-empty"),
+        (lambda m, c: compressed_cache(m, c, torch.ones(2, 1, dtype=torch.long)),
          r"rows \[0, 1\] have \[1, 1\] tokens, fewer than num_sink=2"),
-        (lambda m, c: K.compressed_cache(m, c, torch.ones(1, 4, dtype=torch.long),
+        (lambda m, c: compressed_cache(m, c, torch.ones(1, 4, dtype=torch.long),
                                          torch.tensor([[0, 1, 1, 1]])), "right-padded"),
-        (lambda m, c: K.compressed_cache(m, c, torch.ones(1, 4, dtype=torch.long), torch.zeros(1, 4)), "empty"),
+        (lambda m, c: compressed_cache(m, c, torch.ones(1, 4, dtype=torch.long), torch.zeros(1, 4)), "empty"),
         (lambda m, c: c(torch.zeros(1, 3, 5)), "inputs_embeds must be"),
-        (lambda m, c: K.forward_with_prefix(m, K.exact_cache(m, torch.ones(2, 3, dtype=torch.long)),
+        (lambda m, c: forward_with_prefix(m, exact_cache(m, torch.ones(2, 3, dtype=torch.long)),
                                             torch.ones(3, 1, dtype=torch.long)), "must equal the prefix batch"),
     ],
 )
@@ -240,26 +249,26 @@ def test_parameter_budget_of_the_paper_scale_teachers():
 def test_hybrid_cache_keeps_recent_tokens_on_top_of_the_summary(model):
     comp = small_compressor(model, num_recent=3)
     ids, mask = prompts(model, lengths=(9, 17, 12))
-    pc = K.compressed_cache(model, comp, ids, mask)
+    pc = compressed_cache(model, comp, ids, mask)
     assert pc.length == 2 + 4 + 3 and pc.next_position.tolist() == [9, 9, 9]
     query = torch.randint(5, model.config.vocab_size, (3, 4))
-    batched = K.forward_with_prefix(model, pc, query).logits
+    batched = forward_with_prefix(model, pc, query).logits
     plain = small_compressor(model)  # the same weights without the recent tokens
     plain.load_state_dict(comp.state_dict())
     for b, L in enumerate(mask.sum(1).tolist()):
         # the summary reads only the tokens before the recent ones; those are re-encoded on top
-        summary = K.compressed_cache(model, plain, ids[b : b + 1, : L - 3])
-        recent = K.forward_with_prefix(model, summary, ids[b : b + 1, L - 3 : L])
+        summary = compressed_cache(model, plain, ids[b : b + 1, : L - 3])
+        recent = forward_with_prefix(model, summary, ids[b : b + 1, L - 3 : L])
         for layer in (0, -1):
             torch.testing.assert_close(pc.keys[layer][b : b + 1], output_cache(recent).layers[layer].keys,
                                        rtol=1e-4, atol=1e-5)
-        alone = K.compressed_cache(model, comp, ids[b : b + 1, :L])
-        torch.testing.assert_close(K.forward_with_prefix(model, alone, query[b : b + 1]).logits[0], batched[b],
+        alone = compressed_cache(model, comp, ids[b : b + 1, :L])
+        torch.testing.assert_close(forward_with_prefix(model, alone, query[b : b + 1]).logits[0], batched[b],
                                    rtol=1e-4, atol=1e-5)
-    original = K.compressed_cache(model, small_compressor(model, num_recent=3, position="original"), ids, mask)
+    original = compressed_cache(model, small_compressor(model, num_recent=3, position="original"), ids, mask)
     assert original.next_position.tolist() == [9, 17, 12]
     with pytest.raises(ValueError, match="shorter than num_sink \\+ num_recent"):
-        K.compressed_cache(model, small_compressor(model, num_recent=30), ids, mask)
+        compressed_cache(model, small_compressor(model, num_recent=30), ids, mask)
 
 
 # ---------------------------------------------------------------------------------------
@@ -270,33 +279,33 @@ def test_hybrid_cache_keeps_recent_tokens_on_top_of_the_summary(model):
 def test_zero_bias_is_the_plain_mask(model):
     """The 4D additive mask (bias path) equals the 2D mask path, padded queries included."""
     ids, mask = prompts(model)
-    plain = K.compressed_cache(model, small_compressor(model), ids, mask)
-    biased = K.PrefixCache(plain.keys, plain.values, plain.mask, plain.next_position, plain.prompt_length,
+    plain = compressed_cache(model, small_compressor(model), ids, mask)
+    biased = PrefixCache(plain.keys, plain.values, plain.mask, plain.next_position, plain.prompt_length,
                            bias=torch.zeros(plain.mask.shape))
     query = torch.randint(5, model.config.vocab_size, (3, 6))
     qmask = torch.tensor([[1] * 6, [0] * 2 + [1] * 4, [0] * 5 + [1]], dtype=torch.bool)
-    a = K.forward_with_prefix(model, plain, query, qmask).logits
-    b = K.forward_with_prefix(model, biased, query, qmask).logits
+    a = forward_with_prefix(model, plain, query, qmask).logits
+    b = forward_with_prefix(model, biased, query, qmask).logits
     torch.testing.assert_close(a[qmask], b[qmask], rtol=1e-5, atol=1e-5)
-    bumped = K.PrefixCache(plain.keys, plain.values, plain.mask, plain.next_position, plain.prompt_length,
+    bumped = PrefixCache(plain.keys, plain.values, plain.mask, plain.next_position, plain.prompt_length,
                            bias=torch.full(plain.mask.shape, -3.0).index_fill(1, torch.tensor([0]), 0.0))
-    assert not torch.allclose(K.forward_with_prefix(model, bumped, query, qmask).logits[qmask], a[qmask])
+    assert not torch.allclose(forward_with_prefix(model, bumped, query, qmask).logits[qmask], a[qmask])
 
 
 def test_closed_gate_is_the_window_and_opening_it_trains(model):
     ids, mask = prompts(model, lengths=(9, 17, 12))
     query = torch.randint(5, model.config.vocab_size, (3, 4))
     closed = small_compressor(model, num_recent=3, gate=True, gate_init=-1e4)
-    pc = K.compressed_cache(model, closed, ids, mask)
+    pc = compressed_cache(model, closed, ids, mask)
     assert pc.length == 2 + 4 + 3 and pc.next_position.tolist() == [5, 5, 5]
     assert pc.bias.shape == (3, 9) and (pc.bias[:, 2:6] == -1e4).all() and (pc.bias[:, [0, 1, 6, 7, 8]] == 0).all()
-    window = K.window_cache(model, ids, mask, num_sink=2, n_window=3)
-    torch.testing.assert_close(K.forward_with_prefix(model, pc, query).logits,
-                               K.forward_with_prefix(model, window, query).logits, rtol=1e-4, atol=1e-5)
+    window = window_cache(model, ids, mask, num_sink=2, n_window=3)
+    torch.testing.assert_close(forward_with_prefix(model, pc, query).logits,
+                               forward_with_prefix(model, window, query).logits, rtol=1e-4, atol=1e-5)
     # a gate that is open changes the answer, and the loss reaches both the gate and the head
     ajar = small_compressor(model, num_recent=3, gate=True, gate_init=0.0).train()
-    logits = K.forward_with_prefix(model, K.compressed_cache(model, ajar, ids, mask), query).logits
-    assert not torch.allclose(logits, K.forward_with_prefix(model, window, query).logits, atol=1e-3)
+    logits = forward_with_prefix(model, compressed_cache(model, ajar, ids, mask), query).logits
+    assert not torch.allclose(logits, forward_with_prefix(model, window, query).logits, atol=1e-3)
     logits.logsumexp(-1).sum().backward()
     assert ajar.gate_bias.grad.abs().sum() > 0 and ajar.to_kv.grad.abs().sum() > 0
     # rows of a gated cache select and repeat like any other
@@ -305,28 +314,26 @@ def test_closed_gate_is_the_window_and_opening_it_trains(model):
 
 
 def test_gated_cache_scores_and_decodes_through_prompts(model):
-    from icl_ssm import prompts as P
-
     ids, mask = prompts(model, lengths=(9, 17, 12))
     comp = small_compressor(model, num_recent=3, gate=True, gate_init=-1.0)
-    pc = K.compressed_cache(model, comp, ids, mask)
+    pc = compressed_cache(model, comp, ids, mask)
     contexts = [[7, 8, 9], [10, 11], [12]]
     conts = [[13, 14], [15], [16, 17, 18]]
-    fast = P.continuation_logprobs(model, contexts, conts, prefix=pc)
-    ref = P.continuation_logprobs_ref(model, contexts, conts, prefix=pc)
+    fast = continuation_logprobs(model, contexts, conts, prefix=pc)
+    ref = continuation_logprobs_ref(model, contexts, conts, prefix=pc)
     torch.testing.assert_close(fast, ref, rtol=1e-4, atol=1e-4)
     # greedy decoding from the gated cache: each step's 4D mask grows with the tokens seen
-    out = P.greedy_generate(model, contexts, prefix=pc, max_new_tokens=3)
+    out = greedy_generate(model, contexts, prefix=pc, max_new_tokens=3)
     for b, ctx in enumerate(contexts):
         seq = list(ctx)
         for _ in range(3):
-            step = K.forward_with_prefix(model, pc.select([b]), torch.tensor([seq])).logits[0, -1].argmax().item()
+            step = forward_with_prefix(model, pc.select([b]), torch.tensor([seq])).logits[0, -1].argmax().item()
             seq.append(step)
         assert out[b] == seq[len(ctx):]
     with pytest.raises(ValueError, match="decoded greedily; got do_sample=True"):
-        K.generate_with_prefix(model, pc, torch.ones(3, 2, dtype=torch.long), max_new_tokens=1, do_sample=True)
+        generate_with_prefix(model, pc, torch.ones(3, 2, dtype=torch.long), max_new_tokens=1, do_sample=True)
     with pytest.raises(ValueError, match="got num_beams"):
-        K.generate_with_prefix(model, pc, torch.ones(3, 2, dtype=torch.long), num_beams=2)
+        generate_with_prefix(model, pc, torch.ones(3, 2, dtype=torch.long), num_beams=2)
 
 
 @pytest.mark.parametrize("eos", [None, "frequent"])
@@ -335,16 +342,16 @@ def test_generate_from_a_closed_gate_equals_generate_from_the_window(model, eos)
     ids, mask = prompts(model, lengths=(9, 17, 12))
     query = torch.randint(5, model.config.vocab_size, (3, 4))
     qmask = torch.tensor([[1] * 4, [0, 1, 1, 1], [0, 0, 1, 1]], dtype=torch.bool)
-    gated = K.compressed_cache(model, small_compressor(model, num_recent=3, gate=True, gate_init=-1e4), ids, mask)
-    window = K.window_cache(model, ids, mask, num_sink=2, n_window=3)
+    gated = compressed_cache(model, small_compressor(model, num_recent=3, gate=True, gate_init=-1e4), ids, mask)
+    window = window_cache(model, ids, mask, num_sink=2, n_window=3)
     kw = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
     if eos == "frequent":  # the token the window's first step emits most: some rows stop early
-        first = K.generate_with_prefix(model, window, query, qmask, max_new_tokens=1, do_sample=False)
+        first = generate_with_prefix(model, window, query, qmask, max_new_tokens=1, do_sample=False)
         kw["eos_token_id"] = int(first[:, 0].mode().values)
     else:
         kw["eos_token_id"] = None
-    expected = K.generate_with_prefix(model, window, query, qmask, **kw)
-    torch.testing.assert_close(K.generate_with_prefix(model, gated, query, qmask, **kw), expected, rtol=0, atol=0)
+    expected = generate_with_prefix(model, window, query, qmask, **kw)
+    torch.testing.assert_close(generate_with_prefix(model, gated, query, qmask, **kw), expected, rtol=0, atol=0)
 
 
 def test_gate_config_is_checked():
@@ -356,7 +363,7 @@ def test_gate_config_is_checked():
 
 def test_default_compressor_config_is_valid():
     # transformers instantiates the default config (e.g. to diff against when saving)
-    from icl_ssm.compressor import SSMCompressorConfig
+    from icl_ssm.compress.compressor import SSMCompressorConfig
 
     config = SSMCompressorConfig()
     assert config.num_groups <= config.teacher_num_layers
@@ -367,10 +374,10 @@ def test_an_extended_prefix_equals_the_longer_prompt():
     model = tiny_model("llama").eval()
     torch.manual_seed(0)
     ids = torch.randint(3, 100, (2, 12))
-    full = K.exact_cache(model, ids)
-    head = K.exact_cache(model, ids[:, :8])
+    full = exact_cache(model, ids)
+    head = exact_cache(model, ids[:, :8])
     with torch.no_grad():
-        out = K.forward_with_prefix(model, head, ids[:, 8:])
+        out = forward_with_prefix(model, head, ids[:, 8:])
     joined = head.extended(output_cache(out), torch.ones(2, 4, dtype=torch.bool))
     assert joined.length == 12 and joined.next_position.tolist() == [12, 12]
     for a, b in zip(joined.keys + joined.values, full.keys + full.values, strict=True):
@@ -389,9 +396,9 @@ def test_cache_paths_use_the_installed_transformers_cache_argument():
     ids = torch.randint(3, 100, (2, 10))
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
-        prefix = K.exact_cache(model, ids[:, :7])
+        prefix = exact_cache(model, ids[:, :7])
         with torch.no_grad():
-            out = K.forward_with_prefix(model, prefix, ids[:, 7:])
+            out = forward_with_prefix(model, prefix, ids[:, 7:])
         joined = prefix.extended(output_cache(out), torch.ones(2, 3, dtype=torch.bool))
-        new = K.generate_with_prefix(model, prefix, ids[:, 7:], max_new_tokens=2, do_sample=False)
+        new = generate_with_prefix(model, prefix, ids[:, 7:], max_new_tokens=2, do_sample=False)
     assert joined.length == 10 and new.shape == (2, 2)

@@ -1,3 +1,4 @@
+
 import json
 
 import pytest
@@ -45,8 +46,8 @@ def test_untrained_compressor_runs_and_reports_sizes(capsys, demos):
 
 
 def test_trained_compressor_directory_is_used(capsys, demos, tmp_path):
-    from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
-    from icl_ssm.models import tiny_model
+    from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
+    from icl_ssm.lm.tiny import tiny_model
 
     cfg = SSMCompressorConfig.for_teacher(tiny_model("llama").config, state_size=8, num_virtual=3,
                                           num_sink=1, latent_size=4)

@@ -1,3 +1,4 @@
+
 import copy
 import dataclasses
 import json
@@ -13,10 +14,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from icl_ssm import distill as D
-from icl_ssm import teacher as TT
 from icl_ssm.cli import main
-from icl_ssm.models import load_model
+from icl_ssm.compress.cache import exact_cache
+from icl_ssm.data.splits import split
+from icl_ssm.data.tasks import get_task
+from icl_ssm.distill import teacher as TT
+from icl_ssm.distill import train as distill_train
+from icl_ssm.distill.losses import bucket_kl, kv_alignment_loss, label_kl, rank_loss
+from icl_ssm.distill.train import DistillConfig, group_losses, training_states
+from icl_ssm.lm.models import load_model
 
 SMALL = ["--model", "tiny-llama", "--task", "coin_flip", "--k", "4", "--samples", "8", "--queries", "2",
          "--group-size", "2", "--state-size", "16", "--num-virtual", "4", "--num-sink", "2", "--latent-size", "8",
@@ -38,23 +44,23 @@ def same_weights(a: Path, b: Path, atol: float = 0.0) -> bool:
 def test_kv_alignment_loss_is_zero_for_the_targets_and_scale_free():
     pool = torch.randn(3, 2, 2, 4, 8)  # (B, m, H_kv, n_v, d)
     keys = pool.transpose(0, 1) * 5  # (m, B, ...), scaled: cosine ignores scale
-    assert D.kv_alignment_loss(keys, keys, pool, pool).abs().item() < 1e-6
-    assert D.kv_alignment_loss(-keys, keys, pool, pool).item() == pytest.approx(2.0, abs=1e-5)
+    assert kv_alignment_loss(keys, keys, pool, pool).abs().item() < 1e-6
+    assert kv_alignment_loss(-keys, keys, pool, pool).item() == pytest.approx(2.0, abs=1e-5)
 
 
 def test_bucket_kl_is_zero_on_the_teacher_and_positive_elsewhere():
     logits = torch.randn(5, 50)
     logp = torch.log_softmax(logits, -1)
     top_logp, top_idx = logp.topk(8, dim=-1)
-    assert D.bucket_kl(logp, top_idx, top_logp, 2.0).abs().max().item() < 1e-5
+    assert bucket_kl(logp, top_idx, top_logp, 2.0).abs().max().item() < 1e-5
     other = torch.log_softmax(torch.randn(5, 50), -1)
-    assert (D.bucket_kl(other, top_idx, top_logp, 2.0) > 0).all()
+    assert (bucket_kl(other, top_idx, top_logp, 2.0) > 0).all()
 
 
 def test_rank_loss_only_sees_differences_between_subsets():
     teacher = torch.randn(4, 6)
-    assert D.rank_loss(teacher + torch.randn(1, 6) * 3, teacher).item() < 1e-10  # per-query shifts
-    assert D.rank_loss(teacher.flip(0), teacher).item() > 0.01
+    assert rank_loss(teacher + torch.randn(1, 6) * 3, teacher).item() < 1e-10  # per-query shifts
+    assert rank_loss(teacher.flip(0), teacher).item() > 0.01
 
 
 def test_subset_level_rank_loss_sees_only_subset_means():
@@ -62,15 +68,15 @@ def test_subset_level_rank_loss_sees_only_subset_means():
     interaction = torch.randn(4, 6)
     interaction -= interaction.mean(1, keepdim=True)  # how a subset suits each query, mean 0 per subset
     student = teacher + interaction + torch.randn(1, 6)
-    assert D.rank_loss(student, teacher, "subset").item() < 1e-10
-    assert D.rank_loss(student, teacher, "query").item() > 0.01
+    assert rank_loss(student, teacher, "subset").item() < 1e-10
+    assert rank_loss(student, teacher, "query").item() > 0.01
     means = teacher.mean(1, keepdim=True)
     want = ((means - means.mean()) * 2 - (means - means.mean())).pow(2).mean()  # student's spread doubled
-    torch.testing.assert_close(D.rank_loss(teacher * 0 + 2 * means, teacher, "subset"), want)
+    torch.testing.assert_close(rank_loss(teacher * 0 + 2 * means, teacher, "subset"), want)
     with pytest.raises(ValueError, match="rank level 'pairs'; accepted: query, subset"):
-        D.rank_loss(teacher, teacher, "pairs")
+        rank_loss(teacher, teacher, "pairs")
     with pytest.raises(ValueError, match="rank_level 'pairs'; accepted: query, subset"):
-        D.DistillConfig(rank_level="pairs")
+        DistillConfig(rank_level="pairs")
 
 
 # --- teacher cache ------------------------------------------------------------------------
@@ -236,14 +242,14 @@ def test_distill_trains_and_stage1_loss_decreases(tmp_cache, tmp_path, capsys):
 
 
 def test_recipes_fill_the_flags_not_given(tmp_cache, tmp_path, capsys):
-    measured, paper = D.DistillConfig(), D.DistillConfig.recipe("paper")
+    measured, paper = DistillConfig(), DistillConfig.recipe("paper")
     assert (measured.num_recent, measured.gate, measured.lambda_rank, measured.stage2_lr) == (16, True, 1.0, 1e-3)
     assert (paper.num_recent, paper.gate, paper.lambda_rank, paper.stage2_lr, paper.stage2_epochs) == (
         0, False, 0.0, 5e-5, 1.0)
     assert (measured.system, paper.system) == ("scale_invariant", "time_invariant")
-    assert D.DistillConfig.recipe("paper", stage2_lr=1e-4).stage2_lr == 1e-4  # explicit values win
+    assert DistillConfig.recipe("paper", stage2_lr=1e-4).stage2_lr == 1e-4  # explicit values win
     with pytest.raises(ValueError, match="recipe 'best': accepted: measured, paper"):
-        D.DistillConfig.recipe("best")
+        DistillConfig.recipe("best")
     out = tmp_path / "paper"
     assert main(["distill", "--recipe", "paper", *SMALL, "--stage2-epochs", "0.5", "--out", str(out),
                  "--stop-after", "1"]) == 0
@@ -266,9 +272,10 @@ def test_shipped_commands_reproduce_their_configs():
     import shlex
 
     from icl_ssm.cli import build_parser
-    from icl_ssm.distill_cli import config_from_args
+    from icl_ssm.cli.distill import config_from_args
+    from icl_ssm.compress.pretrained import pretrained_root
 
-    recipes = sorted((Path(D.__file__).parent / "pretrained").glob("*/recipe.json"))
+    recipes = sorted(pretrained_root().glob("*/recipe.json"))
     assert recipes
     for path in recipes:
         recipe = json.loads(path.read_text())
@@ -295,7 +302,7 @@ def test_resumed_throughput_counts_only_the_steps_run_since_the_resume(tmp_cache
     run = tmp_path / "run"
     assert main(["distill", *SMALL, "--out", str(run), "--stop-after", "5"]) == 0  # checkpoint at step 4
     clock = iter(range(1000))  # one tick per reading: t0, then one reading per step
-    monkeypatch.setattr(D, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: float(next(clock)))}))
+    monkeypatch.setattr(distill_train, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: float(next(clock)))}))
     capsys.readouterr()
     assert main(["distill", *SMALL, "--out", str(run), "--resume"]) == 0
     rates = re.findall(r"step (\d+)/\d+ .*\| ([\d.]+) steps/s", capsys.readouterr().err)
@@ -322,7 +329,7 @@ def test_killed_process_resumes_to_the_same_weights(tmp_cache, tmp_path):
 
 
 def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_cache, tmp_path, monkeypatch, capsys):
-    real = D.group_losses
+    real = group_losses
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
@@ -332,7 +339,7 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_cache, tmp_path, monke
             losses["loss"] = losses["loss"] * float("nan")
         return losses
 
-    monkeypatch.setattr(D, "group_losses", poisoned)
+    monkeypatch.setattr(distill_train, "group_losses", poisoned)
     out = tmp_path / "run"
     assert main(["distill", *SMALL, "--out", str(out)]) == 1
     err = capsys.readouterr().err
@@ -391,18 +398,16 @@ def test_two_processes_train_like_one(tmp_cache, tmp_path):
 
 
 def test_hybrid_targets_pool_only_what_the_recent_tokens_do_not_keep(tmp_cache):
-    from icl_ssm import cache as K
-    from icl_ssm import tasks as T
-    from icl_ssm.prompts import PromptBuilder
+    from icl_ssm.lm.prompts import PromptBuilder
 
     model, tok = load_model("tiny-llama")
-    task = T.get_task("coin_flip", size=60)
-    pool = T.split(task, seed=0).pool
+    task = get_task("coin_flip", size=60)
+    pool = split(task, seed=0).pool
     builder = PromptBuilder.for_model(model, tok, task)
     s = spec(num_recent=5)
     targets = TT.teacher_targets(model, builder, pool[:4], pool[4:6], s)
     ids = torch.tensor([builder.build_prefix(pool[:4]).input_ids])
-    keys = K.exact_cache(model, ids).keys
+    keys = exact_cache(model, ids).keys
     L = ids.shape[1]
     torch.testing.assert_close(targets["pool_k"][1].float(), TT.pool_kv(keys[1][0], L - 5, 2, 4), rtol=1e-3, atol=1e-3)
 
@@ -411,14 +416,14 @@ def test_label_kl_is_the_kl_of_the_renormalised_label_distribution():
     logp = torch.log_softmax(torch.randn(3, 10), -1)
     tokens = torch.tensor([[2, 5, -1], [2, 5, -1], [1, 4, 7]])
     teacher = logp.gather(1, tokens.clamp(min=0))
-    assert D.label_kl(logp, tokens, teacher).abs().max() < 1e-6  # same distribution: 0
+    assert label_kl(logp, tokens, teacher).abs().max() < 1e-6  # same distribution: 0
     other = teacher.clone()
     other[0, 0] += 2.0
-    kl = D.label_kl(logp, tokens, other)
+    kl = label_kl(logp, tokens, other)
     t = torch.log_softmax(other[0, :2], -1)
     s = torch.log_softmax(logp[0, [2, 5]], -1)
     assert kl[0] == pytest.approx(float((t.exp() * (t - s)).sum()), abs=1e-6) and kl[0] > 0
-    assert D.label_kl(logp, torch.full((3, 2), -1), teacher[:, :2]).abs().max() == 0  # no labels: 0
+    assert label_kl(logp, torch.full((3, 2), -1), teacher[:, :2]).abs().max() == 0  # no labels: 0
 
 
 def test_distill_with_the_label_term_logs_it(tmp_cache, tmp_path):
@@ -444,7 +449,7 @@ def test_gated_compressor_trains_its_gates_and_resumes(tmp_cache, tmp_path):
 
 
 def test_learned_dt_trains_resumes_and_loads(tmp_cache, tmp_path, capsys):
-    from icl_ssm.compressor import load_compressor
+    from icl_ssm.compress.compressor import load_compressor
 
     learned = [*SMALL, "--system", "time_invariant", "--learn-dt", "--dt", "0.01", "--dt-lr", "0.1"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
@@ -472,8 +477,8 @@ def test_learned_dt_trains_resumes_and_loads(tmp_cache, tmp_path, capsys):
 
 
 def test_standardized_channels_train_resume_and_load(tmp_cache, tmp_path):
-    from icl_ssm.compressor import SSMCompressor, load_compressor
-    from icl_ssm.distill_cli import teacher_spec
+    from icl_ssm.compress.compressor import SSMCompressor, load_compressor
+    from icl_ssm.distill.run import teacher_spec
 
     flags = [*SMALL, "--system", "scale_invariant", "--channels", "4", "--standardize"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
@@ -487,12 +492,12 @@ def test_standardized_channels_train_resume_and_load(tmp_cache, tmp_path):
     assert c.config.standardize and c.ssm.channels == 4
     assert torch.equal(c.state_std, w["state_std"]) and torch.equal(c.state_mean, w["state_mean"])
     # they are the untrained SSM's mean and std over the training prompts
-    cfg = D.DistillConfig(**json.loads((straight / "distill_config.json").read_text()))
+    cfg = DistillConfig(**json.loads((straight / "distill_config.json").read_text()))
     spec = teacher_spec(cfg, model, tok)
     teacher = TT.TeacherCache.open(TT.build_teacher_cache(model, tok, spec), spec)
     torch.manual_seed(cfg.seed)
     fresh = SSMCompressor(c.config)
-    states = D.training_states(model, fresh, teacher)
+    states = training_states(model, fresh, teacher)
     assert states.shape == (cfg.samples, *w["state_mean"].shape)
     torch.testing.assert_close(w["state_mean"], states.double().mean(0).float())
     torch.testing.assert_close(w["state_std"], states.double().std(0).float())
@@ -510,7 +515,7 @@ def test_standardized_channels_train_resume_and_load(tmp_cache, tmp_path):
 
 
 def test_fit_standardizer_refusals():
-    from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
+    from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 
     plain = SSMCompressor(SSMCompressorConfig(state_size=8, num_groups=2))
     with pytest.raises(ValueError, match="standardize=False"):
@@ -553,12 +558,11 @@ def test_numeric_answers_are_scored_where_they_differ(tmp_cache, tmp_path):
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
 def test_packed_teacher_pass_gives_the_reference_targets(name, tmp_cache):
-    from icl_ssm import tasks as T
-    from icl_ssm.prompts import PromptBuilder
+    from icl_ssm.lm.prompts import PromptBuilder
 
     model, tok = load_model(name)
-    task = T.get_task("coin_flip", size=60)
-    pool = T.split(task, seed=0).pool
+    task = get_task("coin_flip", size=60)
+    pool = split(task, seed=0).pool
     builder = PromptBuilder.for_model(model, tok, task)
     lead = builder.answer_lead(pool[4:9])
     s = spec(num_recent=3)

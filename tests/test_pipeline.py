@@ -4,15 +4,16 @@ import json
 
 import pytest
 
-from icl_ssm import tasks as T
 from icl_ssm.cli import main
+from icl_ssm.data.splits import split
+from icl_ssm.data.tasks import get_task
 
 SHAPE = ["--state-size", "16", "--num-virtual", "4", "--num-sink", "2", "--latent-size", "8"]
 
 
 @pytest.fixture
 def data(tmp_path):
-    task = T.get_task("coin_flip", size=120)
+    task = get_task("coin_flip", size=120)
     path = tmp_path / "coin.jsonl"
     path.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n" for e in task.examples()))
     return str(path)
@@ -54,7 +55,7 @@ def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tm
     # the same run with every method's places shared out over the labels, in interleaved order
     assert main(run_args(data, out, "--per-label", "--order", "interleave", "--methods", "random", "bm25")) == 0
     assert "fidelity: done before, skipped" in capsys.readouterr().err  # only the selections depend on these
-    pool = T.split(T.get_task(data), pool_size=24, seed=0).pool
+    pool = split(get_task(data), pool_size=24, seed=0).pool
     for r in json.loads((out / "report.json").read_text())["selections"]:
         assert {pool[i].target for i in r["indices"]} == {"yes", "no"}
         summary = json.loads((out / "stages" / f"select-{r['method']}.json").read_text())["result"]

@@ -1,6 +1,8 @@
-"""Tests of icl_ssm.prompts: exact spans, prefix/suffix split, label scoring, generation."""
+"""Tests of icl_ssm.lm.prompts: exact spans, prefix/suffix split, label scoring, generation."""
 
 from __future__ import annotations
+
+import importlib
 
 import pytest
 import torch
@@ -19,19 +21,19 @@ from helpers import (
     tiny_qwen2,
 )
 
-from icl_ssm.models import tiny_model, tiny_tokenizer
-from icl_ssm.prompts import (
-    Prompt,
-    PromptBuilder,
+from icl_ssm.data.tasks import get_task
+from icl_ssm.lm.hf import output_cache
+from icl_ssm.lm.prompts import Prompt, PromptBuilder
+from icl_ssm.lm.scoring import (
     answer_loss,
     continuation_logprobs,
     continuation_logprobs_ref,
     generate_answers,
     greedy_generate,
-    output_cache,
     predict_labels,
     score_labels,
 )
+from icl_ssm.lm.tiny import tiny_model, tiny_tokenizer
 
 TOKENIZERS = {"gpt2-style": tiny_tokenizer, "llama3-style": tiny_llama3_style_tokenizer}
 TASKS = {
@@ -340,8 +342,8 @@ def test_prefix_errors(tokenizers, llama):
 
 
 def test_with_the_cache_module_prefix(tokenizers, qwen2):
-    """Integration with icl_ssm.cache.PrefixCache (exact teacher cache), when present."""
-    cache_module = pytest.importorskip("icl_ssm.cache")
+    """Integration with icl_ssm.compress.cache.PrefixCache (exact teacher cache), when present."""
+    cache_module = importlib.import_module("icl_ssm.compress.cache")
     builder = PromptBuilder(tokenizers["gpt2-style"], multi_token_task())
     subsets = [list(MULTI_EXAMPLES[:2]), [MULTI_EXAMPLES[2]]]
     queries = [MULTI_EXAMPLES[3], MULTI_EXAMPLES[0]]
@@ -472,12 +474,10 @@ def test_generate_answers_cuts_at_stop_string_and_extracts(tokenizers, qwen2):
 
 
 def test_answer_lead_is_what_every_answer_starts_with(tokenizers):
-    from icl_ssm import tasks as T
-
     tok = tokenizers["gpt2-style"]
     sentiment = PromptBuilder(tok, sentiment_task())
     assert sentiment.answer_lead() == []  # " positive" / " negative": told apart at once
-    numbers = PromptBuilder(tok, T.get_task("modular_addition", p=13, size=40))
+    numbers = PromptBuilder(tok, get_task("modular_addition", p=13, size=40))
     lead = numbers.answer_lead()
     labels = numbers.label_ids()
     assert lead and all(ids[: len(lead)] == lead for ids in labels)  # the space every " 12" starts with

@@ -1,10 +1,11 @@
+
 import json
 
 import pytest
 import torch
 
-from icl_ssm import hippo
-from icl_ssm import scan as S
+from icl_ssm.ssm import hippo
+from icl_ssm.ssm import scan as S
 
 C = 8  # chunk used throughout, small so that every edge case is cheap
 TOL = {torch.float64: 1e-9, torch.float32: 1e-4}

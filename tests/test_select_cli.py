@@ -10,10 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from icl_ssm import tasks as T
 from icl_ssm.cli import main
-from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig
-from icl_ssm.models import tiny_model
+from icl_ssm.compress import pretrained as pretrained_mod
+from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
+from icl_ssm.data.splits import split
+from icl_ssm.data.tasks import get_task
+from icl_ssm.lm.tiny import tiny_model
+from icl_ssm.select.base import top_k_per_label
+from icl_ssm.select.estimators import mean_affinity
+from icl_ssm.select.evaluators import CacheEvaluator, reliability
+from icl_ssm.select.sampling import stratified_subsets
 
 SMALL = dict(state_size=16, num_virtual=4, num_sink=2, latent_size=8)
 
@@ -21,7 +27,7 @@ SMALL = dict(state_size=16, num_virtual=4, num_sink=2, latent_size=8)
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("select")
-    task = T.get_task("coin_flip", size=120)
+    task = get_task("coin_flip", size=120)
     data = root / "coin.jsonl"
     data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n" for e in task.examples()))
     with torch.random.fork_rng(devices=[]):
@@ -95,13 +101,12 @@ def test_label_balanced_affinity(files, tmp_path, capsys):
 
 
 def test_per_label_shares_the_places_out_over_the_labels(files, tmp_path, capsys):
-    from icl_ssm import selection as S
-    from icl_ssm.models import load_model
-    from icl_ssm.select_cli import SelectConfig, select_demonstrations
+    from icl_ssm.lm.models import load_model
+    from icl_ssm.select.run import SelectConfig, select_demonstrations
 
     model, tokenizer = load_model("tiny-llama")
     for method, seed in (("random", 1), ("bm25", 0)):  # random's seed-1 choice leans 3:1 to "yes"
-        labels = [e.target for e in T.split(T.get_task(files["data"]), pool_size=24, seed=seed).pool]
+        labels = [e.target for e in split(get_task(files["data"]), pool_size=24, seed=seed).pool]
         cfg = SelectConfig(model="tiny-llama", task=files["data"], k=4, method=method, pool_size=24, queries=3,
                            test_size=6, seed=seed)
         base, _, _ = select_demonstrations(cfg, model, tokenizer)
@@ -117,7 +122,7 @@ def test_per_label_shares_the_places_out_over_the_labels(files, tmp_path, capsys
             assert main(args(files, "--method", method, "--k", "4", "--seed", "1", "--per-label")) == 0
             assert "warning" not in capsys.readouterr().err
         assert sorted(labels[i] for i in quota["indices"]) == ["no"] * 2 + ["yes"] * 2
-        assert quota["indices"] == S.top_k_per_label(base.scores, labels, 4)  # the same scores, re-chosen
+        assert quota["indices"] == top_k_per_label(base.scores, labels, 4)  # the same scores, re-chosen
         assert json.loads((out / "select_config.json").read_text())["per_label"] is True
     many = tmp_path / "many.jsonl"
     many.write_text("".join(json.dumps({"text": f"x {i}", "label": str(i % 5)}) + "\n" for i in range(60)))
@@ -126,9 +131,8 @@ def test_per_label_shares_the_places_out_over_the_labels(files, tmp_path, capsys
 
 
 def test_stratify_draws_every_subset_with_the_labels_in_even_shares(files, tmp_path, capsys):
-    from icl_ssm import selection as S
-    from icl_ssm.models import load_model
-    from icl_ssm.prompts import PromptBuilder
+    from icl_ssm.lm.models import load_model
+    from icl_ssm.lm.prompts import PromptBuilder
 
     out = tmp_path / "strat"
     summary = run_json(capsys, *args(files, "--evaluator", "dense", "--k", "4", "--subsets", "12", "--stratify",
@@ -138,14 +142,14 @@ def test_stratify_draws_every_subset_with_the_labels_in_even_shares(files, tmp_p
     assert json.loads((out / "select_config.json").read_text())["stratify"] is True
     # the same selection by hand: the stratified stream, dense losses, the mean estimator, chosen per label
     model, tokenizer = load_model("tiny-llama")
-    task = T.get_task(files["data"])
-    splits = T.split(task, pool_size=24, seed=0)
+    task = get_task(files["data"])
+    splits = split(task, pool_size=24, seed=0)
     labels = [e.target for e in splits.pool]
-    subsets = S.stratified_subsets(labels, 4, 12, np.random.default_rng(0))
-    losses = S.CacheEvaluator(model, PromptBuilder.for_model(model, tokenizer, task), "dense", pack=True).evaluate(
+    subsets = stratified_subsets(labels, 4, 12, np.random.default_rng(0))
+    losses = CacheEvaluator(model, PromptBuilder.for_model(model, tokenizer, task), "dense", pack=True).evaluate(
         splits.pool, splits.validation[:3], subsets).losses
-    scores = S.mean_affinity(subsets, losses, 24)[0]
-    assert summary["indices"] == S.top_k_per_label(scores, labels, 4)
+    scores = mean_affinity(subsets, losses, 24)[0]
+    assert summary["indices"] == top_k_per_label(scores, labels, 4)
     assert main(args(files, "--method", "random", "--stratify")) == 2
     assert "--stratify draws affinity's subsets" in capsys.readouterr().err
 
@@ -156,9 +160,9 @@ def test_order_rearranges_the_same_selection(files, tmp_path, capsys):
     mixed = run_json(capsys, *args(files, "--method", "random", "--k", "5", "--order", "interleave", "--out", str(out)))
     assert base["order"] == "score" and mixed["order"] == "interleave"
     assert sorted(mixed["indices"]) == sorted(base["indices"])
-    pool = T.split(T.get_task(files["data"]), pool_size=24, seed=0).pool
+    pool = split(get_task(files["data"]), pool_size=24, seed=0).pool
     labels = [pool[i].target for i in base["indices"]]
-    from icl_ssm.selection import arrange
+    from icl_ssm.select.base import arrange
 
     assert mixed["indices"] == arrange(base["indices"], labels, "interleave", None)
     rows = [json.loads(line) for line in (out / "selected.jsonl").read_text().splitlines()]
@@ -180,10 +184,9 @@ def test_order_rearranges_the_same_selection(files, tmp_path, capsys):
 
 @pytest.mark.parametrize("split, warned", [(0.9, None), (0.35, "about 119 queries"), (-0.2, "mostly noise")])
 def test_reliability_lines_warn_with_the_queries_it_would_take(split, warned):
-    from icl_ssm import selection as S
-    from icl_ssm.select_cli import reliability_lines
+    from icl_ssm.select.run import reliability_lines
 
-    lines = reliability_lines({"validation_size": 32, **S.reliability(split, 32)})
+    lines = reliability_lines({"validation_size": 32, **reliability(split, 32)})
     assert lines[0].startswith(f"split-half of the subset losses: {split:.2f}")
     assert (len(lines) == 1) if warned is None else (warned in lines[1])
     assert reliability_lines({"validation_size": 32, "split_half": None}) == []
@@ -203,7 +206,7 @@ def test_bad_input_is_refused(files, tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert main(args(files, "--method", "random", "--out", str(tmp_path / "file"))) == 2
     assert "is a file" in capsys.readouterr().err
-    from icl_ssm.select_cli import SelectConfig
+    from icl_ssm.select.run import SelectConfig
 
     with pytest.raises(ValueError, match="--order 'best'; accepted: score, interleave, random, search"):
         SelectConfig(order="best").check()
@@ -235,13 +238,11 @@ def test_hub_task_offline_is_a_clear_error(capsys, tmp_cache):
 
 
 def test_affinity_without_a_compressor_takes_the_shipped_one(files, tmp_path, monkeypatch, capsys):
-    from icl_ssm import compressor as C
-
     shipped = tmp_path / "tiny--coin--k3"
     shipped.mkdir()
     (shipped / "recipe.json").write_text(json.dumps({"model": "tiny-llama", "tasks": [files["data"]], "k": 3}))
     (shipped / "compressor").symlink_to(files["comp"])
-    monkeypatch.setattr(C, "pretrained_root", lambda: tmp_path)
+    monkeypatch.setattr(pretrained_mod, "pretrained_root", lambda: tmp_path)
     given = run_json(capsys, *args(files, "--compressor", files["comp"], "--subsets", "8"))
     out = tmp_path / "sel"
     assert main([*args(files, "--subsets", "8", "--out", str(out)), "--json"]) == 0
@@ -249,6 +250,6 @@ def test_affinity_without_a_compressor_takes_the_shipped_one(files, tmp_path, mo
     assert "using the one shipped for tiny-llama" in captured.err and "tiny--coin--k3" in captured.err
     assert json.loads(captured.out)["indices"] == given["indices"]
     assert json.loads((out / "select_config.json").read_text())["compressor"] == str(shipped / "compressor")
-    monkeypatch.setattr(C, "pretrained_root", lambda: tmp_path / "none")
+    monkeypatch.setattr(pretrained_mod, "pretrained_root", lambda: tmp_path / "none")
     assert main(args(files, "--subsets", "8")) == 2
     assert "none is shipped for --model tiny-llama" in capsys.readouterr().err

@@ -4,10 +4,10 @@ block-diagonal transition they stand for, on both systems and with a learned ste
 import pytest
 import torch
 
-from icl_ssm import hippo
-from icl_ssm import scan as S
-from icl_ssm.compressor import SSMCompressorConfig
-from icl_ssm.ssm import HiPPOSSM
+from icl_ssm.compress.compressor import SSMCompressorConfig
+from icl_ssm.ssm import hippo
+from icl_ssm.ssm import scan as S
+from icl_ssm.ssm.layer import HiPPOSSM
 
 
 def data(B=3, T=41, H=5, seed=0):

@@ -14,17 +14,11 @@ import types
 
 import pytest
 
-from icl_ssm import assets, data_cli, tasks
-from icl_ssm.tasks import (
-    TASKS,
-    Example,
-    HubUnavailableError,
-    check_k,
-    dedupe,
-    get_task,
-    normalize_text,
-    split,
-)
+from icl_ssm.cli import data as data_cli
+from icl_ssm.data import assets
+from icl_ssm.data.generated import DEFAULT_GENERATED_SIZE
+from icl_ssm.data.splits import check_k, dedupe, split
+from icl_ssm.data.tasks import TASKS, Example, HubUnavailableError, get_task, normalize_text
 
 # ---------------------------------------------------------------------------------
 # registry
@@ -501,7 +495,7 @@ def test_data_list_json(tmp_cache, capsys):
     assert code == 0 and [r["name"] for r in rows] == list(TASKS)
     assert all(set(r) == {"name", "kind", "size", "source", "offline"} for r in rows)
     by_name = {r["name"]: r for r in rows}
-    assert by_name["coin_flip"]["size"] == tasks.DEFAULT_GENERATED_SIZE
+    assert by_name["coin_flip"]["size"] == DEFAULT_GENERATED_SIZE
     assert by_name["rotten_tomatoes"]["offline"] is True and by_name["sst2"]["offline"] is False
     assert by_name["sst2"]["size"] is None and by_name["gsm8k"]["kind"] == "generative"
     assert not tmp_cache.exists()  # listing fetched nothing

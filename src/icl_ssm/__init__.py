@@ -1,14 +1,16 @@
 """icl-ssm: demonstration selection with state space models distilled from a transformer.
 
-The modules follow the data flow: ``tasks`` -> ``prompts`` -> ``models`` (the teacher) ->
-``hippo`` / ``scan`` / ``ssm`` -> ``compressor`` -> ``cache`` -> ``teacher`` -> ``distill`` ->
-``fidelity`` -> ``selection`` / ``baselines`` -> ``report`` -> ``pipeline`` and the CLI.
+The subpackages follow the data flow, each importing only from those before it:
+``data`` (tasks, splits) -> ``lm`` (models, prompts, scoring) -> ``ssm`` (HiPPO, scans) ->
+``compress`` (compressor, caches) -> ``distill`` (Algorithm 1) -> ``evaluate`` (fidelity) ->
+``select`` (Algorithm 2 and the baselines) -> ``pipeline`` / ``report``; the command line
+(``cli``) sits on top and no library module imports it.
+
+This module exports the user API, the entry point of every stage and the extension points
+(:class:`Selector` with :func:`register_selector`, :class:`Task` with :func:`register_task`).
 """
 
-__version__ = "0.1.0"
-
-from icl_ssm import baselines as _baselines  # noqa: F401  (registers bm25, topk, gradce in SELECTORS)
-from icl_ssm.cache import (
+from icl_ssm.compress.cache import (
     PrefixCache,
     compress_demonstrations,
     compressed_cache,
@@ -17,49 +19,42 @@ from icl_ssm.cache import (
     generate_with_prefix,
     window_cache,
 )
-from icl_ssm.compressor import SSMCompressor, SSMCompressorConfig, load_compressor, load_pretrained
-from icl_ssm.models import EMBEDDED_MODELS, check_supported, load_model, model_info
-from icl_ssm.prompts import Prompt, PromptBuilder, answer_loss, generate_answers, predict_labels, score_labels
-from icl_ssm.scan import PowerCache, legs_scan, scan_fast
-from icl_ssm.selection import SELECTORS, AffinitySelector, CacheEvaluator, Selection, evaluate_selection
-from icl_ssm.ssm import HiPPOSSM
-from icl_ssm.tasks import TASKS, Example, Task, get_task, split
+from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load_compressor
+from icl_ssm.compress.pretrained import find_pretrained, load_pretrained
+from icl_ssm.data.splits import Splits, split
+from icl_ssm.data.tasks import TASKS, Example, Task, get_task
+from icl_ssm.data.tasks import register as register_task
+from icl_ssm.distill.run import train_compressor
+from icl_ssm.distill.train import DistillConfig
+from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
+from icl_ssm.lm.models import EMBEDDED_MODELS, check_supported, load_model, model_info
+from icl_ssm.lm.prompts import Prompt, PromptBuilder
+from icl_ssm.lm.scoring import answer_loss, generate_answers, predict_labels, score_labels
+from icl_ssm.pipeline import RunConfig, run_pipeline
+from icl_ssm.select.affinity import AffinitySelector
+from icl_ssm.select.base import SELECTORS, Selection, Selector
+from icl_ssm.select.base import register as register_selector
+from icl_ssm.select.evaluate import evaluate_selection
+from icl_ssm.select.evaluators import CacheEvaluator, SubsetEvaluator
+from icl_ssm.select.run import SelectConfig, select_demonstrations
+from icl_ssm.ssm.layer import HiPPOSSM
+
+__version__ = "0.1.0"
 
 __all__ = [
-    "SELECTORS",
-    "AffinitySelector",
-    "CacheEvaluator",
-    "EMBEDDED_MODELS",
-    "TASKS",
-    "Example",
-    "HiPPOSSM",
-    "PowerCache",
-    "PrefixCache",
-    "Prompt",
-    "PromptBuilder",
-    "Selection",
-    "SSMCompressor",
-    "SSMCompressorConfig",
-    "Task",
+    # models, tasks, prompts
+    "EMBEDDED_MODELS", "load_model", "model_info", "check_supported",
+    "TASKS", "Task", "Example", "get_task", "split", "Splits", "register_task",
+    "Prompt", "PromptBuilder", "score_labels", "predict_labels", "answer_loss", "generate_answers",
+    # the state space model, the compressor and its caches
+    "HiPPOSSM", "SSMCompressor", "SSMCompressorConfig", "load_compressor", "load_pretrained", "find_pretrained",
+    "PrefixCache", "exact_cache", "compressed_cache", "window_cache", "compress_demonstrations",
+    "forward_with_prefix", "generate_with_prefix",
+    # selection
+    "SELECTORS", "Selector", "register_selector", "Selection", "AffinitySelector", "SubsetEvaluator",
+    "CacheEvaluator", "evaluate_selection",
+    # the stages' entry points
+    "DistillConfig", "train_compressor", "FidelityConfig", "run_fidelity", "SelectConfig",
+    "select_demonstrations", "RunConfig", "run_pipeline",
     "__version__",
-    "answer_loss",
-    "check_supported",
-    "compress_demonstrations",
-    "compressed_cache",
-    "evaluate_selection",
-    "exact_cache",
-    "forward_with_prefix",
-    "generate_answers",
-    "generate_with_prefix",
-    "get_task",
-    "legs_scan",
-    "load_compressor",
-    "load_pretrained",
-    "load_model",
-    "model_info",
-    "predict_labels",
-    "scan_fast",
-    "score_labels",
-    "split",
-    "window_cache",
 ]

@@ -14,7 +14,6 @@ that produced it, so a rerun skips what is already done and an interrupted run c
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -25,15 +24,20 @@ from pathlib import Path
 from typing import Any
 
 from icl_ssm import atomic
-from icl_ssm import prompts as P
-from icl_ssm import tasks as T
-from icl_ssm.compressor import find_pretrained, load_compressor
-from icl_ssm.distill import DistillConfig
-from icl_ssm.fidelity import FidelityConfig, run_fidelity
-from icl_ssm.models import DEFAULT_MODEL, load_model
-from icl_ssm.select_cli import ORDERS, SelectConfig, select_demonstrations, selected_rows
+from icl_ssm.compress.compressor import load_compressor
+from icl_ssm.compress.pretrained import find_pretrained
+from icl_ssm.data.splits import Splits, split
+from icl_ssm.data.tasks import get_task
+from icl_ssm.distill.run import train_compressor
+from icl_ssm.distill.train import DistillConfig
+from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
+from icl_ssm.lm.models import DEFAULT_MODEL, load_model
+from icl_ssm.lm.prompts import PromptBuilder
+from icl_ssm.select.base import SELECTORS
+from icl_ssm.select.run import SelectConfig, select_demonstrations, selected_rows
 
-METHODS = ("affinity", "random", "bm25", "topk")
+DEFAULT_METHODS = ("affinity", "random", "bm25", "topk")
+_RECIPE = DistillConfig()  # the compressor shape distilled when none is shipped: the measured recipe's
 
 
 @dataclass
@@ -49,12 +53,12 @@ class RunConfig:
     distill: bool = False  # distil even when a shipped compressor matches
     distill_samples: int = 64
     distill_epochs: float = 1.0
-    state_size: int = 256  # compressor shape, when distilling
-    num_virtual: int = 16
-    num_sink: int = 4
-    latent_size: int = 128
-    num_recent: int = 16  # the gated hybrid (BENCHMARKS.md, run G): exact recent tokens + gated virtual tokens
-    gate: bool = True
+    state_size: int = _RECIPE.state_size
+    num_virtual: int = _RECIPE.num_virtual
+    num_sink: int = _RECIPE.num_sink
+    latent_size: int = _RECIPE.latent_size
+    num_recent: int = _RECIPE.num_recent
+    gate: bool = _RECIPE.gate
     pool_size: int = 100
     queries: int = 8  # validation queries per subset
     test_size: int = 150
@@ -63,7 +67,7 @@ class RunConfig:
     per_label: bool = False  # every method's k places shared out over the labels (select --per-label)
     stratify: bool = False  # affinity's subsets drawn with the labels in even shares (select --stratify)
     order: str = "score"  # prompt order of every method's chosen demonstrations (select --order)
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = DEFAULT_METHODS
     dense_evaluator: bool = True  # also run affinity on dense caches (cost and quality beside)
     fidelity_subsets: int = 30
     fidelity_queries: int = 4
@@ -71,16 +75,13 @@ class RunConfig:
     query_batch: int = 32
 
     def check(self) -> None:
-        unknown = [m for m in self.methods if m not in ("affinity", "random", "bm25", "topk", "gradce")]
+        unknown = [m for m in self.methods if m not in SELECTORS]
         if unknown:
-            raise ValueError(f"--methods {unknown}: accepted: affinity, random, bm25, topk, gradce")
+            raise ValueError(f"--methods {unknown}: accepted: {', '.join(SELECTORS)}")
         if self.k < 1:
             raise ValueError(f"--k {self.k}: expected >= 1 demonstrations")
         if self.fidelity_subsets < 2:
             raise ValueError(f"--fidelity-subsets {self.fidelity_subsets}: a rank correlation needs >= 2 subsets")
-
-
-# ----------------------------------------------------------------------------- stages
 
 
 def _key(obj: Any) -> str:
@@ -160,14 +161,9 @@ def resolve_compressor(cfg: RunConfig, out: Path, stages: Stages) -> dict:
     done = stages.get("compressor", key)
     if done is not None and (Path(done["compressor"]) / "model.safetensors").exists():
         return done
-    from icl_ssm.distill_cli import distill_args, run_distill
-
     target = out / "compressor"
     say(f"distilling a compressor into {target} ({cfg.distill_samples} subsets; --compressor DIR skips this)")
-    resume = (target / "checkpoint").exists()
-    code = run_distill(distill_args(dcfg, target, resume=resume))
-    if code != 0:
-        raise RuntimeError(f"distillation into {target} failed (exit {code}); rerun to resume")
+    train_compressor(dcfg, target, resume=(target / "checkpoint").exists())
     return stages.put("compressor", key, {"compressor": str(target), "control": cfg.control, "source": "distilled",
                                           "distill": asdict(dcfg)})
 
@@ -176,8 +172,8 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
     """All stages; returns the report dict (also written to ``OUT/report.json``)."""
     cfg.check()
     out = atomic.prepare_dir(out)
-    task = T.get_task(cfg.task)
-    splits = T.split(task, pool_size=cfg.pool_size, seed=cfg.seed)
+    task = get_task(cfg.task)
+    splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed)
     if cfg.k > len(splits.pool):
         raise ValueError(f"--k {cfg.k} demonstrations requested but the pool of task {task.name!r} has only "
                          f"{len(splits.pool)} candidates; lower --k or raise --pool-size")
@@ -223,7 +219,7 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
 
 
 def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selections: dict[str, dict],
-                  splits: T.Splits, model, tokenizer) -> dict:
+                  splits: Splits, model, tokenizer) -> dict:
     """selected.jsonl + prompt.txt (the affinity choice, else the first method's) and the report."""
     from icl_ssm.report import write_report
 
@@ -231,7 +227,7 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selecti
     pool = splits.pool
     scores = chosen.get("scores") or [None] * len(pool)
     atomic.write_jsonl(out / "selected.jsonl", selected_rows(pool, chosen["indices"], scores))
-    builder = P.PromptBuilder.for_model(model, tokenizer, T.get_task(cfg.task))
+    builder = PromptBuilder.for_model(model, tokenizer, get_task(cfg.task))
     atomic.write_text(out / "prompt.txt", builder.build_prefix([pool[i] for i in chosen["indices"]]).text)
     dense = selections.get("affinity-dense")
     rows = []
@@ -257,54 +253,3 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selecti
     }
     write_report(out, report)
     return report
-
-
-def _main(args: argparse.Namespace) -> int:
-    cfg = RunConfig(**{f: getattr(args, f) for f in RunConfig.__dataclass_fields__})
-    cfg.methods = tuple(cfg.methods)
-    report = run_pipeline(cfg, args.out)
-    best = max(report["selections"], key=lambda r: r["test_accuracy"] or 0.0)
-    say(f"best test accuracy {best['test_accuracy']:.3f} ({best['method']}); report: {Path(args.out) / 'report.md'}")
-    print(Path(args.out) / "report.md")
-    return 0
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="the whole pipeline: compressor, fidelity, selection, baselines, report",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    d = RunConfig()
-    p.add_argument("--model", default=d.model, help="embedded name, hub id or local directory")
-    p.add_argument("--task", default=d.task, help="task name, or a .jsonl/.csv file of your own")
-    p.add_argument("--k", type=int, default=d.k, help="demonstrations to choose")
-    p.add_argument("--out", default="icl-ssm-run", help="directory for the report and every stage's results")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--compressor", default=d.compressor, help="a trained compressor directory to use")
-    p.add_argument("--control", default=d.control, help="a control compressor directory for the fidelity table")
-    p.add_argument("--distill", action="store_true", help="distil a compressor even if one is shipped")
-    p.add_argument("--distill-samples", type=int, default=d.distill_samples, help="training subsets when distilling")
-    p.add_argument("--distill-epochs", type=float, default=d.distill_epochs, help="epochs of each stage")
-    for name in ("state_size", "num_virtual", "num_sink", "latent_size", "num_recent"):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name),
-                       help="compressor shape when distilling")
-    p.add_argument("--gate", action=argparse.BooleanOptionalAction, default=d.gate,
-                   help="when distilling: gated virtual tokens beside the exact recent tokens")
-    p.add_argument("--pool-size", type=int, default=d.pool_size, help="candidates to select from")
-    p.add_argument("--queries", type=int, default=d.queries, help="validation queries per subset")
-    p.add_argument("--test-size", type=int, default=d.test_size, help="test examples per evaluation")
-    p.add_argument("--subsets", type=int, default=d.subsets, help="affinity subsets (default n / (k eps^2))")
-    p.add_argument("--estimator", default=d.estimator, choices=("mean", "ridge"))
-    p.add_argument("--per-label", action="store_true",
-                   help="every method: the k places shared out evenly over the pool's labels (select --per-label)")
-    p.add_argument("--stratify", action="store_true",
-                   help="affinity: every subset drawn with the pool's labels in even shares, the k chosen with the "
-                        "same shares (select --stratify)")
-    p.add_argument("--order", default=d.order, choices=ORDERS,
-                   help="prompt order of every method's chosen demonstrations (select --order)")
-    p.add_argument("--methods", nargs="+", default=list(d.methods), help="selection methods to compare")
-    p.add_argument("--dense-evaluator", action=argparse.BooleanOptionalAction, default=d.dense_evaluator,
-                   help="also run affinity on dense caches")
-    p.add_argument("--fidelity-subsets", type=int, default=d.fidelity_subsets)
-    p.add_argument("--fidelity-queries", type=int, default=d.fidelity_queries)
-    p.add_argument("--batch", type=int, default=d.batch, help="subsets encoded together")
-    p.add_argument("--query-batch", type=int, default=d.query_batch, help="(subset, query) pairs answered together")
-    p.set_defaults(func=_main)

@@ -20,8 +20,14 @@ from matplotlib.figure import Figure
 from icl_ssm import atomic
 
 DASH = "—"
+
+
 _PREFIXES = ("", "k", "M", "G", "T", "P", "E")
+
+
 _FIDELITY_ROWS = (("compressed", ""), ("control", "control_"), ("window", "window_"))
+
+
 _FIDELITY_COLS = (  # (key, header, format)
     ("rel_logit_err", "Relative logit error", ".2%"),
     ("kl", "KL (nats)", ".4f"),
@@ -83,9 +89,6 @@ def _validate(report: Any) -> None:
         raise ValueError(f"report['selected'] has {bad[:5]}: expected pool indices in [0, {len(scores)})")
 
 
-# ----------------------------------------------------------------------------- markdown
-
-
 def _fidelity_md(fid: dict | None) -> list[str]:
     if not fid:
         return ["Not measured."]
@@ -145,9 +148,6 @@ def _markdown(report: dict, plots: dict[str, str]) -> str:
         if r.get("selected"):
             lines.append(f"- Pool indices (affinity): {', '.join(map(str, r['selected']))}")
     return "\n".join(lines) + "\n"
-
-
-# ----------------------------------------------------------------------------- plots
 
 
 def _accuracy_fig(report: dict) -> Figure:
@@ -217,9 +217,6 @@ def _affinity_fig(report: dict) -> Figure:
 
 def _save_png(fig: Figure, path: Path) -> Path:
     return atomic.write_with(path, lambda f: fig.savefig(f, format="png"))
-
-
-# ----------------------------------------------------------------------------- entry point
 
 
 def write_report(out: str | Path, report: dict) -> dict[str, Path]:

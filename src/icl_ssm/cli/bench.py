@@ -1,0 +1,230 @@
+"""``icl-ssm bench``: the measurements behind BENCHMARKS.md (scan, label scores, LegS kernel) and the
+selection harnesses of :mod:`icl_ssm.bench.selection`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict
+
+import torch
+
+from icl_ssm.bench.scan import (
+    FULL,
+    QUICK,
+    bench_scan,
+    count_flops,
+    machine,
+    matmul_gflops,
+    rel_error,
+    summarize,
+    time_call,
+    time_interleaved,
+    to_markdown,
+)
+from icl_ssm.compress.cache import exact_cache
+from icl_ssm.data.splits import split
+from icl_ssm.data.tasks import get_task
+from icl_ssm.evaluate.answers import answer_logits, answer_scores, pad_right
+from icl_ssm.evaluate.fidelity import sample_subsets
+from icl_ssm.lm.prompts import PromptBuilder
+from icl_ssm.lm.scoring import score_labels
+from icl_ssm.ssm import scan as S
+
+
+def _print_table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"scan benchmark (matmul {result['matmul_gflops']:.1f} GFLOP/s)")
+    for col in ("T", "N", "batch", "impl", "seconds", "x projection", "GFLOP/s", "max rel diff"):
+        table.add_column(col, justify="right")
+    for r in result["rows"]:
+        sec = f"{r['seconds']:.4f}" + ("*" if r["extrapolated_from_T"] else "")
+        table.add_row(
+            str(r["T"]), str(r["N"]), str(r["batch"]), r["impl"], sec,
+            f"{r['seconds'] / r['projection_seconds']:.2f}", f"{r['gflops']:.1f}",
+            f"{r['max_rel_diff']:.1e}",
+        )
+    console = Console()
+    console.print(table)
+    console.print("* timed on a prefix and extrapolated linearly")
+    console.print_json(data=result["targets"])
+
+
+def _run_scan(args: argparse.Namespace) -> int:
+    grid = QUICK if args.quick else FULL
+    Ts = tuple(args.T or grid["T"])
+    Ns = tuple(args.N or grid["N"])
+    batches = tuple(args.batch or grid["batch"])
+    for name, values in (("--T", Ts), ("--N", Ns), ("--batch", batches)):
+        if any(v <= 0 for v in values):
+            raise ValueError(f"{name} values must be positive integers, got {list(values)}")
+    torch.manual_seed(args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    status = None if args.json else (lambda msg: print(f"  timing {msg}", file=sys.stderr))
+    t0 = time.perf_counter()
+    rows = bench_scan(Ts, Ns, batches, tuple(args.impl), args.repeats, args.chunk,
+                      args.paper_chunks, args.seed, progress=status)
+    result = {
+        "rows": [asdict(r) for r in rows],
+        "matmul_gflops": matmul_gflops(),
+        "targets": summarize(rows),
+        "machine": machine(),
+        "command": " ".join(["icl-ssm", *getattr(args, "argv", ["bench", "scan"])]),
+        "wall_seconds": time.perf_counter() - t0,
+        "notes": "paper rows are timed on a prefix of extrapolated_from_T tokens and scaled "
+        "linearly; seconds are the best of --repeats runs; projection_seconds is the bare "
+        "GEMM X Bbar^T of the row's shape timed right after the row; fast rows reuse the "
+        "folded weights W across calls with unchanged Bbar (seconds_rebuilding_weights: "
+        "rebuilt every call, as in training).",
+    }
+    if args.json:
+        print(json.dumps(result, indent=1))
+    elif args.markdown:
+        print(to_markdown(result))
+    else:
+        _print_table(result)
+    return 0
+
+
+def _run_label_scores(args: argparse.Namespace) -> int:
+    """Multi-token label scoring after prefix caches: the query read once and the labels' trie
+    in one forward (``fidelity.answer_scores``) against answer logits plus ``score_labels``,
+    which re-reads the query for every branch (the path ``icl-ssm fidelity`` took before)."""
+    import numpy as np
+
+    from icl_ssm.lm.models import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model)
+    task = get_task(args.task)
+    splits = split(task, seed=args.seed)
+    builder = PromptBuilder.for_model(model, tokenizer, task)
+    subsets = sample_subsets(splits.pool, args.k, args.subsets, np.random.default_rng(args.seed))
+    cache = exact_cache(model, *pad_right([builder.build_prefix([splits.pool[i] for i in s]) for s in subsets]))
+    suffixes = [builder.build_suffix(q).input_ids for q in splits.validation[: args.queries]] * args.subsets
+    rows = [r for r in range(args.subsets) for _ in range(args.queries)]
+    lead = builder.answer_lead()
+
+    def before():
+        z = answer_logits(model, cache, [s + lead for s in suffixes], rows)
+        return z, score_labels(model, builder, suffixes, prefix=cache.select(rows), batch_size=len(rows))
+
+    def after():
+        return answer_scores(model, builder, cache, suffixes, rows)
+
+    flops = {name: count_flops(fn)[0] for name, fn in (("before", before), ("after", after))}
+    seconds = time_interleaved((before, after), args.repeats)
+    (z0, s0), (z1, s1) = before(), after()
+    result = {
+        "task": args.task, "k": args.k, "pairs": len(rows), "labels": len(builder.task.labels),
+        "prompt_tokens": int(cache.prompt_length.float().mean()),
+        "seconds_before": seconds[0], "seconds_after": seconds[1], "speedup": seconds[0] / seconds[1],
+        "flops_before": flops["before"], "flops_after": flops["after"],
+        "max_abs_diff_scores": float((s0 - s1).abs().max()), "max_abs_diff_logits": float((z0 - z1).abs().max()),
+        "machine": machine(), "command": " ".join(["icl-ssm", *getattr(args, "argv", ["bench", "label-scores"])]),
+    }
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+def _run_legs_kernel(args: argparse.Namespace) -> int:
+    """The scale-invariant LegS scan's data-independent kernel, one chunk: the reference
+    builder (:func:`scan.legs_kernel`) against the slab builder the fast scan uses, then one
+    training step's scan (forward and backward, a batch of prompts of distinct lengths)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    L, N, C = args.T, args.N, min(args.chunk, args.T)
+    start = max(0, L // 2 - C // 2)
+
+    def reference():
+        return S.legs_kernel(L, N, start, start + C)
+
+    def slabs():
+        return S.legs_kernel_slabs(L, N, start, start + C)
+
+    gen = torch.Generator().manual_seed(args.seed)
+    x = torch.randn(args.batch, L, args.H, generator=gen)
+    Bbar = (torch.randn(4, N, args.H, generator=gen) / math.sqrt(args.H)).requires_grad_()
+    mask = torch.ones(args.batch, L, dtype=torch.bool)
+    for i in range(args.batch):  # distinct lengths, as in a training batch: one kernel per length
+        mask[i, L - 7 * i:] = False
+
+    def step():
+        S.legs_scan_fast(x, Bbar, mask, chunk=args.chunk, check_finite=False).sum().backward()
+
+    reference(), slabs()  # warm-up
+    seconds = time_interleaved((reference, slabs), args.repeats)
+    scan_seconds = time_call(step, args.repeats)
+    ref = reference()
+    result = {
+        "T": L, "N": N, "chunk": C, "batch": args.batch,
+        "seconds_reference_kernel": seconds[0], "seconds_slab_kernel": seconds[1], "speedup": seconds[0] / seconds[1],
+        "max_rel_diff": rel_error(slabs(), ref.permute(1, 2, 0)),
+        "seconds_scan_step": scan_seconds, "kernel_chunks_per_step": args.batch * math.ceil(L / args.chunk),
+        "machine": machine(), "command": " ".join(["icl-ssm", *getattr(args, "argv", ["bench", "legs-kernel"])]),
+    }
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("bench", help="performance benchmarks (output for BENCHMARKS.md)")
+    kinds = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    p = kinds.add_parser(
+        "scan",
+        help="time the reference, paper and fast scans against the bare projection GEMM",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    p.add_argument("--quick", action="store_true",
+                   help=f"a subset that runs in under a minute: {QUICK}")
+    p.add_argument("--T", type=int, nargs="+", help=f"sequence lengths (default {FULL['T']})")
+    p.add_argument("--N", type=int, nargs="+", help=f"state sizes (default {FULL['N']})")
+    p.add_argument("--batch", type=int, nargs="+", help=f"batch sizes (default {FULL['batch']})")
+    p.add_argument("--impl", nargs="+", choices=S.IMPLS, default=list(S.IMPLS))
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per row (best is kept)")
+    p.add_argument("--chunk", type=int, default=64, help="chunk of the paper's scan (fast plans its own)")
+    p.add_argument("--paper-chunks", type=int, default=2,
+                   help="chunks of the paper implementation actually timed")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_run_scan)
+    p = kinds.add_parser(
+        "label-scores",
+        help="multi-token label scoring after a prefix cache: query read once + label trie vs score_labels",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--task", default="modular_addition", help="a classification task with multi-token labels")
+    p.add_argument("--k", type=int, default=20, help="demonstrations per subset")
+    p.add_argument("--subsets", type=int, default=2, help="prefix cache rows")
+    p.add_argument("--queries", type=int, default=8, help="validation queries after each row")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds (best is kept)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_run_label_scores)
+    p = kinds.add_parser(
+        "legs-kernel",
+        help="the scale-invariant LegS kernel: reference builder vs the slab builder, and one scan training step",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--T", type=int, default=1700, help="prompt tokens (k = 50 on Rotten Tomatoes: about 1700)")
+    p.add_argument("--N", type=int, default=256, help="state size")
+    p.add_argument("--H", type=int, default=576, help="embedding size")
+    p.add_argument("--chunk", type=int, default=256, help="tokens per kernel chunk")
+    p.add_argument("--batch", type=int, default=4, help="prompts in the scan step")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds (best is kept)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_run_legs_kernel)
+    from icl_ssm.cli.bench_select import add_kinds
+
+    add_kinds(kinds)

@@ -1,0 +1,134 @@
+"""The selection kinds of ``icl-ssm bench`` (select-cost, select-quality, estimators, select-order,
+headroom): their flags, over :mod:`icl_ssm.bench.selection`."""
+
+from __future__ import annotations
+
+import argparse
+
+from icl_ssm import atomic
+from icl_ssm.bench.selection import (
+    estimators,
+    estimators_sim,
+    headroom,
+    select_cost,
+    select_order,
+    select_quality,
+    selection_markdown,
+)
+from icl_ssm.lm.models import DEFAULT_MODEL
+from icl_ssm.select.base import ARRANGE_ORDERS
+from icl_ssm.select.estimators import ESTIMATORS
+from icl_ssm.select.run import ORDERS
+
+
+def _run(kind: str, fn):
+    def go(args: argparse.Namespace) -> int:
+        result = fn(args)
+        result["argv"] = getattr(args, "argv", None)
+        if args.json_out:
+            atomic.write_json(args.json_out, result)
+        print(selection_markdown(kind, result))
+        return 0
+
+    return go
+
+
+def add_kinds(kinds: argparse._SubParsersAction) -> None:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--model", default=DEFAULT_MODEL)
+    common.add_argument("--compressor", help="compressor directory (the compressed evaluator)")
+    common.add_argument("--queries", type=int, default=32, help="validation queries per subset")
+    common.add_argument("--batch", type=int, default=8)
+    common.add_argument("--query-batch", type=int, default=32)
+    common.add_argument("--json-out", help="also write the full result as JSON here")
+
+    p = kinds.add_parser("select-cost", parents=[common], formatter_class=fmt,
+                         help="FLOPs and seconds per subset of the compressed, dense and per-query evaluators")
+    p.add_argument("--task", default="rotten_tomatoes")
+    p.add_argument("--k", type=int, nargs="+", default=[20, 50, 200])
+    p.add_argument("--subsets", type=int, default=2, help="timed subsets per evaluator (after one warm-up)")
+    p.add_argument("--per-query-max-k", type=int, default=50, help="largest k the per-query evaluator runs at")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_run("select-cost", select_cost))
+
+    p = kinds.add_parser("select-quality", parents=[common], formatter_class=fmt,
+                         help="test accuracy of every selection method over tasks and seeds")
+    p.add_argument("--tasks", nargs="+", default=["rotten_tomatoes", "cr", "coin_flip", "modular_addition",
+                                                  "edge_existence"])
+    p.add_argument("--methods", nargs="+", default=["affinity", "affinity:dense", "random", "bm25", "topk"],
+                   help="METHOD or affinity:EVALUATOR (compressed, dense, or a NAME from --also)")
+    p.add_argument("--also", nargs="+", metavar="NAME=DIR", default=[],
+                   help="more compressors, each an evaluator for a method affinity:NAME (same subsets per seed)")
+    p.add_argument("--k", type=int, default=20)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--pool-size", type=int, default=100)
+    p.add_argument("--test-size", type=int, default=200)
+    p.add_argument("--subsets", type=int, default=None)
+    p.add_argument("--estimator", default="mean", choices=ESTIMATORS)
+    p.add_argument("--balance-labels", action="store_true",
+                   help="affinity: a subset's loss is the mean of its per-label mean validation losses "
+                        "(classification tasks)")
+    p.add_argument("--order", default="score", choices=ORDERS, help="prompt order of the chosen demonstrations")
+    p.add_argument("--per-label", action="store_true",
+                   help="every method: the k places shared out evenly over the pool's labels (select --per-label)")
+    p.set_defaults(func=_run("select-quality", select_quality))
+
+    p = kinds.add_parser("select-order", formatter_class=fmt,
+                         help="earlier selections scored again on the test set in each prompt order")
+    p.add_argument("--reports", nargs="+", required=True, help="select-quality --json-out files")
+    p.add_argument("--orders", nargs="+", default=list(ARRANGE_ORDERS), help="the first is the baseline of the diffs")
+    p.add_argument("--permutations", type=int, default=1,
+                   help="random orders drawn per selection; their mean averages the order out")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--query-batch", type=int, default=32)
+    p.add_argument("--json-out", help="also write the full result as JSON here")
+    p.set_defaults(func=_run("select-order", select_order))
+
+    p = kinds.add_parser("headroom", formatter_class=fmt,
+                         help="how far random demonstration sets move a task's test accuracy: what there is to select")
+    p.add_argument("--tasks", nargs="+", default=["rotten_tomatoes", "cr", "coin_flip", "modular_addition",
+                                                  "edge_existence"])
+    p.add_argument("--k", type=int, default=20)
+    p.add_argument("--sets", type=int, default=30, help="random subsets of the pool, each scored on the test set")
+    p.add_argument("--pool-size", type=int, default=100)
+    p.add_argument("--test-size", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--query-batch", type=int, default=32)
+    p.add_argument("--json-out", help="also write the full result as JSON here")
+    p.set_defaults(func=_run("headroom", headroom))
+
+    p = kinds.add_parser("estimators", parents=[common], formatter_class=fmt,
+                         help="selected-set test accuracy against subsets: mean, ridge, adaptive")
+    p.add_argument("--task", default="rotten_tomatoes")
+    p.add_argument("--evaluator", default="compressed", choices=("compressed", "dense"))
+    p.add_argument("--k", type=int, default=20)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--budgets", type=int, nargs="+", default=[10, 20, 40, 80])
+    p.add_argument("--pool-size", type=int, default=100)
+    p.add_argument("--test-size", type=int, default=200)
+    p.add_argument("--permutations", type=int, default=0,
+                   help="score each selected set in this many random orders and average (0: its own order)")
+    p.add_argument("--balance-labels", action="store_true",
+                   help="a subset's loss is the mean of its per-label mean validation losses (classification)")
+    p.add_argument("--per-label", action="store_true",
+                   help="also rows mean/per-label and ridge/per-label: the same scores, the k places shared out "
+                        "evenly over the pool's labels")
+    p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
+                   help="leave out adaptive sampling (its second rounds cost subsets of their own)")
+    p.add_argument("--sampling", default="uniform", choices=("uniform", "stratified", "both"),
+                   help="subsets drawn uniformly (rows mean, ridge), with the pool's labels in even shares (rows "
+                        "mean/stratified, ridge/stratified, chosen per label: select --stratify), or both streams")
+    p.set_defaults(func=_run("estimators", estimators))
+
+    p = kinds.add_parser("estimators-sim", formatter_class=fmt,
+                         help="recall of planted best demonstrations against subsets: mean, ridge, adaptive")
+    p.add_argument("--pool-size", type=int, default=1500)
+    p.add_argument("--k", type=int, default=20)
+    p.add_argument("--signal", type=float, default=0.2, help="std of subset losses from the planted effects")
+    p.add_argument("--noise", type=float, default=0.1, help="std of the evaluation noise per subset")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--budgets", type=int, nargs="+", default=[150, 300, 600, 1200, 2400])
+    p.add_argument("--json-out", help="also write the full result as JSON here")
+    p.set_defaults(func=_run("estimators-sim", estimators_sim))

@@ -1,0 +1,61 @@
+"""``icl-ssm run``: parse the flags into a :class:`~icl_ssm.pipeline.RunConfig`, call
+:func:`~icl_ssm.pipeline.run_pipeline`, print where the report is."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from icl_ssm.pipeline import RunConfig, run_pipeline, say
+from icl_ssm.select.run import ORDERS
+
+
+def _main(args: argparse.Namespace) -> int:
+    cfg = RunConfig(**{f: getattr(args, f) for f in RunConfig.__dataclass_fields__})
+    cfg.methods = tuple(cfg.methods)
+    report = run_pipeline(cfg, args.out)
+    best = max(report["selections"], key=lambda r: r["test_accuracy"] or 0.0)
+    say(f"best test accuracy {best['test_accuracy']:.3f} ({best['method']}); report: {Path(args.out) / 'report.md'}")
+    print(Path(args.out) / "report.md")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="the whole pipeline: compressor, fidelity, selection, baselines, report",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d = RunConfig()
+    p.add_argument("--model", default=d.model, help="embedded name, hub id or local directory")
+    p.add_argument("--task", default=d.task, help="task name, or a .jsonl/.csv file of your own")
+    p.add_argument("--k", type=int, default=d.k, help="demonstrations to choose")
+    p.add_argument("--out", default="icl-ssm-run", help="directory for the report and every stage's results")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--compressor", default=d.compressor, help="a trained compressor directory to use")
+    p.add_argument("--control", default=d.control, help="a control compressor directory for the fidelity table")
+    p.add_argument("--distill", action="store_true", help="distil a compressor even if one is shipped")
+    p.add_argument("--distill-samples", type=int, default=d.distill_samples, help="training subsets when distilling")
+    p.add_argument("--distill-epochs", type=float, default=d.distill_epochs, help="epochs of each stage")
+    for name in ("state_size", "num_virtual", "num_sink", "latent_size", "num_recent"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name),
+                       help="compressor shape when distilling")
+    p.add_argument("--gate", action=argparse.BooleanOptionalAction, default=d.gate,
+                   help="when distilling: gated virtual tokens beside the exact recent tokens")
+    p.add_argument("--pool-size", type=int, default=d.pool_size, help="candidates to select from")
+    p.add_argument("--queries", type=int, default=d.queries, help="validation queries per subset")
+    p.add_argument("--test-size", type=int, default=d.test_size, help="test examples per evaluation")
+    p.add_argument("--subsets", type=int, default=d.subsets, help="affinity subsets (default n / (k eps^2))")
+    p.add_argument("--estimator", default=d.estimator, choices=("mean", "ridge"))
+    p.add_argument("--per-label", action="store_true",
+                   help="every method: the k places shared out evenly over the pool's labels (select --per-label)")
+    p.add_argument("--stratify", action="store_true",
+                   help="affinity: every subset drawn with the pool's labels in even shares, the k chosen with the "
+                        "same shares (select --stratify)")
+    p.add_argument("--order", default=d.order, choices=ORDERS,
+                   help="prompt order of every method's chosen demonstrations (select --order)")
+    p.add_argument("--methods", nargs="+", default=list(d.methods), help="selection methods to compare")
+    p.add_argument("--dense-evaluator", action=argparse.BooleanOptionalAction, default=d.dense_evaluator,
+                   help="also run affinity on dense caches")
+    p.add_argument("--fidelity-subsets", type=int, default=d.fidelity_subsets)
+    p.add_argument("--fidelity-queries", type=int, default=d.fidelity_queries)
+    p.add_argument("--batch", type=int, default=d.batch, help="subsets encoded together")
+    p.add_argument("--query-batch", type=int, default=d.query_batch, help="(subset, query) pairs answered together")
+    p.set_defaults(func=_main)

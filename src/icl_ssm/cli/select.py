@@ -1,0 +1,125 @@
+"""``icl-ssm select``: parse the flags into a :class:`~icl_ssm.select.run.SelectConfig`, call
+:func:`~icl_ssm.select.run.select_demonstrations`, write and print the result."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, fields
+
+from icl_ssm import atomic
+from icl_ssm.compress.compressor import load_compressor
+from icl_ssm.data.tasks import get_task
+from icl_ssm.evaluate.answers import LOSSES
+from icl_ssm.lm.models import load_model
+from icl_ssm.lm.prompts import PromptBuilder
+from icl_ssm.select.base import SELECTORS
+from icl_ssm.select.estimators import ESTIMATORS
+from icl_ssm.select.run import (
+    EVALUATORS,
+    ORDERS,
+    SelectConfig,
+    lean_lines,
+    reliability_lines,
+    select_demonstrations,
+    with_shipped_compressor,
+    write_selection,
+)
+
+
+def _main(args: argparse.Namespace) -> int:
+    cfg = with_shipped_compressor(SelectConfig(**{f.name: getattr(args, f.name) for f in fields(SelectConfig)}))
+    cfg.check()
+    out = atomic.prepare_dir(args.out) if args.out else None
+    import torch
+    from accelerate import PartialState
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    state = PartialState(cpu=not torch.cuda.is_available())  # sets up torch.distributed under accelerate launch
+    main = state.is_main_process
+    model, tokenizer = load_model(cfg.model, device=state.device)
+    compressor = None
+    if cfg.method == "affinity" and cfg.evaluator == "compressed":
+        compressor = load_compressor(cfg.compressor, model.config).to(state.device)
+    stderr = Console(stderr=True)
+    with Progress(TextColumn(f"select {cfg.method}"), BarColumn(), MofNCompleteColumn(), TextColumn("subsets"),
+                  TimeRemainingColumn(), console=stderr, transient=True, disable=not main) as bar:
+        job = bar.add_task("subsets", total=None)
+
+        def advance(n: int) -> None:
+            bar.advance(job, n)
+            if main and not stderr.is_terminal:
+                t = bar.tasks[0]
+                stderr.print(f"select: {int(t.completed)}/{int(t.total or 0)} subsets, {t.elapsed or 0:.0f} s")
+
+        selection, summary, pool = select_demonstrations(
+            cfg, model, tokenizer, compressor, on_start=lambda n: bar.update(job, total=n or None), progress=advance)
+    summary["argv"] = getattr(args, "argv", None)
+    if main and out is not None:
+        task = get_task(cfg.task)
+        builder = PromptBuilder.for_model(model, tokenizer, task, chat=cfg.chat)
+        text = builder.build_prefix(selection.examples(pool)).text
+        write_selection(out, selection, summary, pool, text, {**asdict(cfg), "argv": summary["argv"]})
+    if not main:
+        return 0
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    print(f"{cfg.method}: test accuracy {summary['test_accuracy']:.3f} with k={cfg.k} "
+          f"({summary['flops'] / 1e12:.3g} TFLOP, {summary['wall_seconds']:.1f} s)"
+          + (f"; written to {out}" if out else ""), file=sys.stderr)
+    for line in reliability_lines(summary) + lean_lines(summary):
+        print(line, file=sys.stderr)
+    for i in selection.indices:
+        print(json.dumps({"id": pool[i].id, "label": pool[i].target, "text": pool[i].input[:100]}))
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("select", help="choose k demonstrations from a task's pool (Algorithm 2 and baselines)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d = SelectConfig()
+    p.add_argument("--model", default=d.model, help="embedded name, hub id or local directory")
+    p.add_argument("--task", default=d.task, help="task name, or a .jsonl/.csv file of your own")
+    p.add_argument("--k", type=int, default=d.k, help="demonstrations to choose")
+    p.add_argument("--method", default=d.method, help="a registered selector: " + ", ".join(SELECTORS))
+    p.add_argument("--compressor", default=d.compressor, help="compressor directory (affinity, compressed evaluator)")
+    p.add_argument("--evaluator", default=d.evaluator, choices=EVALUATORS, help="how affinity scores a subset")
+    p.add_argument("--estimator", default=d.estimator, choices=ESTIMATORS,
+                   help="mean: the paper's mean over containing subsets; ridge: a datamodel fitted to the losses")
+    p.add_argument("--subsets", type=int, default=d.subsets, help="subsets M (default: n / (k eps^2))")
+    p.add_argument("--eps", type=float, default=d.eps, help="target standard error that sets the default M")
+    p.add_argument("--coverage", type=int, default=d.coverage, help="minimum subsets containing each candidate")
+    p.add_argument("--adaptive", type=float, default=d.adaptive,
+                   help="fraction of M spent on a second round near the top-k boundary")
+    p.add_argument("--queries", type=int, default=d.queries, help="validation queries per subset")
+    p.add_argument("--test-size", type=int, default=d.test_size, help="test examples scored (default: all)")
+    p.add_argument("--pool-size", type=int, default=d.pool_size, help="candidate pool size")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--loss", default=d.loss, choices=LOSSES, help="per-query loss: gold NLL or label-set CE")
+    p.add_argument("--batch", type=int, default=d.batch, help="subsets encoded together")
+    p.add_argument("--query-batch", type=int, default=d.query_batch, help="(subset, query) pairs answered together")
+    p.add_argument("--no-pack", dest="pack", action="store_false",
+                   help="answer each (subset, query) pair after its own copy of the subset's cache (padded batches) "
+                        "instead of a subset's queries packed into one sequence after one copy")
+    p.add_argument("--balance-labels", action="store_true",
+                   help="affinity: a subset's loss is the mean of its per-label mean validation losses, so the "
+                        "label mix of the validation queries does not decide (classification tasks)")
+    p.add_argument("--per-label", action="store_true",
+                   help="share the k places out evenly over the pool's labels, each filled with its best-scored "
+                        "candidates (any method; classification tasks with at most k labels)")
+    p.add_argument("--stratify", action="store_true",
+                   help="affinity: draw every subset with the pool's labels in even shares, each label from its own "
+                        "balanced stream, and choose the k with the same shares (implies --per-label)")
+    p.add_argument("--order", default=d.order, choices=ORDERS,
+                   help="prompt order of the chosen demonstrations: score (the paper's, best last), interleave "
+                        "(each label spread evenly, better ones later), random, or search (the candidate order "
+                        "with the lowest dense validation loss)")
+    p.add_argument("--order-candidates", type=int, default=d.order_candidates,
+                   help="--order search: score, interleave and this many minus two random orders")
+    p.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
+    p.add_argument("--out", help="directory for selected.jsonl, prompt.txt, summary.json")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.set_defaults(func=_main)

@@ -1,0 +1,431 @@
+"""Every contact with the transformers Cache API (v5) lives here.
+
+A :class:`PrefixCache` is what stands in front of a query: per-layer keys and values
+``(B, H_kv, L, d)`` (post-RoPE, as the teacher's own cache holds them), which of the ``L``
+slots are real, and the position id the query starts at. It is immutable: each forward
+gets a fresh ``DynamicCache`` built from it (``DynamicCache.update`` appends in place), so one
+prefix serves any number of query batches, and every row of a batch may be a different
+demonstration subset.
+
+Three ways to build one, sharing the query path:
+
+* :func:`exact_cache` - the teacher's own K/V of the whole prompt (a dense prefill). Queries
+  answered from it reproduce dense logits: the check that injection is right.
+* :func:`compressed_cache` - exact K/V of the first ``num_sink`` prompt tokens (attention
+  sinks) followed by the compressor's ``num_virtual`` virtual tokens (and, for a hybrid
+  compressor, the last ``num_recent`` prompt tokens re-encoded on top of them).
+* :func:`window_cache` - the untrained comparator of the same size: the sinks plus the
+  last ``n_window`` prompt tokens, re-encoded on their own (StreamingLLM-style).
+
+Position convention for the query (``SSMCompressorConfig.position``): ``"compressed"``
+starts it at the cache length ``num_sink + num_virtual`` (the paper's code), ``"original"``
+at the uncompressed prompt's length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache, PreTrainedModel
+
+from icl_ssm.compress.compressor import SSMCompressor
+from icl_ssm.lm.hf import accepts_logits_to_keep, kv_from_cache, output_cache, prefix_attention_mask, with_cache
+from icl_ssm.lm.scoring import greedy_generate
+
+
+@dataclass(frozen=True)
+class PrefixCache:
+    """``keys``/``values``: one ``(B, H_kv, L, d)`` tensor per layer; ``mask: (B, L)`` bool;
+    ``next_position: (B,)`` long, the position id of the first token after the prefix;
+    ``prompt_length: (B,)`` long, real tokens in the prompt the prefix stands for;
+    ``bias: (B, L)`` float or None, added to the attention logits of every slot (a gated
+    compressor's virtual tokens; 0 for real tokens)."""
+
+    keys: tuple[Tensor, ...]
+    values: tuple[Tensor, ...]
+    mask: Tensor
+    next_position: Tensor
+    prompt_length: Tensor
+    bias: Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.mask.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+    def select(self, index: Tensor | list[int]) -> PrefixCache:
+        """Rows ``index`` (repeats allowed): e.g. one row per (subset, query) pair."""
+        index = torch.as_tensor(index, dtype=torch.long, device=self.mask.device)
+        return PrefixCache(
+            keys=tuple(k.index_select(0, index) for k in self.keys),
+            values=tuple(v.index_select(0, index) for v in self.values),
+            mask=self.mask.index_select(0, index),
+            next_position=self.next_position.index_select(0, index),
+            prompt_length=self.prompt_length.index_select(0, index),
+            bias=None if self.bias is None else self.bias.index_select(0, index),
+        )
+
+    def repeat_interleave(self, n: int) -> PrefixCache:
+        """Each row ``n`` times in a row: ``(B, ...) -> (B * n, ...)``."""
+        return self.select(torch.arange(self.batch_size).repeat_interleave(n))
+
+    def extended(self, cache: DynamicCache, mask: Tensor) -> PrefixCache:
+        """This prefix followed by the tokens a forward after it has just read.
+
+        ``cache``: that forward's cache (these ``length`` slots, then ``q`` new ones);
+        ``mask: (B, q)`` its real tokens (padding slots stay masked). A gate bias stays on the
+        old slots; the new ones are real tokens (bias 0). Reading a shared query once and then
+        only what differs (one branch per label) rests on this.
+        """
+        keys, values = kv_from_cache(cache)
+        mask = mask.bool().to(self.mask.device)
+        if keys[0].shape[2] != self.length + mask.shape[1]:
+            raise ValueError(f"the cache holds {keys[0].shape[2]} slots; expected this prefix's {self.length} "
+                             f"+ {mask.shape[1]} new ones")
+        bias = None if self.bias is None else torch.cat([self.bias, self.bias.new_zeros(mask.shape)], dim=1)
+        return PrefixCache(keys=keys, values=values, mask=torch.cat([self.mask, mask], dim=1),
+                           next_position=self.next_position + mask.sum(1), prompt_length=self.prompt_length,
+                           bias=bias)
+
+    def to_dynamic(self) -> DynamicCache:
+        """A fresh ``DynamicCache`` holding these keys and values."""
+        return DynamicCache(ddp_cache_data=list(zip(self.keys, self.values)))
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+def _check_prompt(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be a non-empty (batch, T) tensor, got shape {tuple(input_ids.shape)}")
+    if attention_mask is None:
+        return torch.ones_like(input_ids, dtype=torch.bool)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask must have input_ids' shape {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}"
+        )
+    mask = attention_mask.bool()
+    lengths = mask.sum(1)
+    if (lengths == 0).any():
+        raise ValueError(f"prompt rows {(lengths == 0).nonzero().flatten().tolist()} are empty (no real tokens)")
+    # right padding: real tokens first. Anything else is ambiguous for the sinks.
+    if not torch.equal(mask, torch.arange(mask.shape[1], device=mask.device)[None] < lengths[:, None]):
+        raise ValueError("prompts must be right-padded (real tokens first, then padding)")
+    return mask
+
+
+def teacher_forward(
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    **kwargs,
+):
+    """Dense forward that keeps its cache; position ids count real tokens only."""
+    mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
+    return model(input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids,
+                 use_cache=True, **with_cache(model, DynamicCache()), **kwargs)
+
+
+def exact_cache(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | None = None) -> PrefixCache:
+    """The teacher's own K/V of the whole (right-padded) prompt ``input_ids: (B, T)``."""
+    mask = _check_prompt(input_ids, attention_mask)
+    out = teacher_forward(model, input_ids, mask)
+    keys, values = kv_from_cache(output_cache(out))
+    lengths = mask.sum(1)
+    return PrefixCache(keys, values, mask, next_position=lengths, prompt_length=lengths)
+
+
+def sink_kv(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | None, num_sink: int):
+    """Exact K/V of the first ``num_sink`` tokens of each prompt (they attend only to each
+    other, so a forward over them alone is exact)."""
+    mask = _check_prompt(input_ids, attention_mask)
+    lengths = mask.sum(1)
+    if (lengths < num_sink).any():
+        short = (lengths < num_sink).nonzero().flatten().tolist()
+        raise ValueError(
+            f"prompt rows {short} have {lengths[short].tolist()} tokens, fewer than num_sink={num_sink}"
+        )
+    if num_sink == 0:
+        return None
+    out = teacher_forward(model, input_ids[:, :num_sink])
+    return kv_from_cache(output_cache(out))
+
+
+def summary_inputs(model: PreTrainedModel, compressor: SSMCompressor, input_ids: Tensor,
+                   attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """What the compressor reads of right-padded prompts: the token embeddings ``(B, T, H)`` and
+    the mask ``(B, T)`` of the tokens before the ``num_recent`` exact ones (all real tokens
+    when there are none)."""
+    c = compressor.config
+    mask = _check_prompt(input_ids, attention_mask)
+    lengths = mask.sum(1)
+    if c.num_recent:
+        if (lengths < c.num_sink + c.num_recent).any():
+            raise ValueError(
+                f"prompts of {lengths.min().item()} tokens are shorter than num_sink + num_recent = "
+                f"{c.num_sink} + {c.num_recent}"
+            )
+        # the SSM reads everything before the recent tokens
+        mask = torch.arange(mask.shape[1], device=mask.device)[None] < (lengths - c.num_recent)[:, None]
+    return model.get_input_embeddings()(input_ids), mask
+
+
+def compressed_cache(
+    model: PreTrainedModel,
+    compressor: SSMCompressor,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+) -> PrefixCache:
+    """Sinks + virtual tokens for the prompts ``input_ids: (B, T)`` (right-padded).
+
+    Cost: the teacher on ``num_sink`` tokens, one embedding lookup, the SSM scan and the
+    head; no dense prefill.
+    """
+    c = compressor.config
+    mask = _check_prompt(input_ids, attention_mask)
+    sinks = sink_kv(model, input_ids, mask, c.num_sink)
+    lengths = mask.sum(1)
+    embeds, summary_mask = summary_inputs(model, compressor, input_ids, mask)
+    virtual = compressor(embeds.to(compressor.dtype), summary_mask)
+    dtype = embeds.dtype
+    keys = [virtual.keys[l].to(dtype) for l in range(c.teacher_num_layers)]
+    values = [virtual.values[l].to(dtype) for l in range(c.teacher_num_layers)]
+    if sinks is not None:
+        keys = [torch.cat([s, v], dim=2) for s, v in zip(sinks[0], keys)]
+        values = [torch.cat([s, v], dim=2) for s, v in zip(sinks[1], values)]
+    B = input_ids.shape[0]
+    summary = c.num_sink + c.num_virtual
+    slot_mask = torch.ones(B, summary, dtype=torch.bool, device=input_ids.device)
+    # a gated compressor's virtual tokens take no positions: with its gates closed, the cache is
+    # exactly the sinks (+ recent tokens) of window_cache
+    taken = c.num_sink if c.gate else summary
+    start = torch.full_like(lengths, taken) if c.position == "compressed" else lengths - c.num_recent
+    bias = compressor.slot_bias(B).to(dtype) if c.gate else None  # (B, summary)
+    prefix = PrefixCache(tuple(keys), tuple(values), slot_mask, next_position=start, prompt_length=lengths,
+                         bias=bias)
+    if not c.num_recent:
+        return prefix
+    # hybrid: re-encode the last num_recent real tokens on top of sinks + virtual tokens
+    cols = (lengths - c.num_recent)[:, None] + torch.arange(c.num_recent, device=input_ids.device)[None]
+    recent = input_ids.gather(1, cols)  # (B, w)
+    out = forward_with_prefix(model, prefix, recent)
+    keys, values = kv_from_cache(output_cache(out))
+    full_mask = torch.ones(B, c.cache_length, dtype=torch.bool, device=input_ids.device)
+    if bias is not None:
+        bias = torch.cat([bias, bias.new_zeros(B, c.num_recent)], dim=1)
+    return PrefixCache(keys, values, full_mask, next_position=start + c.num_recent, prompt_length=lengths,
+                       bias=bias)
+
+
+def compress_demonstrations(model: PreTrainedModel, compressor: SSMCompressor, builder, demos) -> PrefixCache:
+    """One row: the compressed cache of the prompt ``builder.build_prefix(demos)`` (the
+    header and the demonstrations, as selection evaluates them)."""
+    ids = torch.tensor([builder.build_prefix(list(demos)).input_ids], device=model.device)  # (1, T)
+    with torch.no_grad():
+        return compressed_cache(model, compressor, ids)
+
+
+def window_cache(
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    num_sink: int,
+    n_window: int,
+    position: str = "compressed",
+) -> PrefixCache:
+    """Sinks + the last ``n_window`` real prompt tokens, encoded on their own.
+
+    Rows shorter than ``num_sink + n_window`` keep their whole prompt (left-padded in the
+    slot mask so that every row has the same cache length).
+    """
+    mask = _check_prompt(input_ids, attention_mask)
+    B, T = input_ids.shape
+    L = num_sink + n_window
+    lengths = mask.sum(1)
+    ids = torch.zeros(B, L, dtype=input_ids.dtype, device=input_ids.device)
+    slot = torch.zeros(B, L, dtype=torch.bool, device=input_ids.device)
+    for b in range(B):
+        n = int(lengths[b])
+        keep = list(range(n)) if n <= L else [*range(num_sink), *range(n - n_window, n)]
+        ids[b, L - len(keep):] = input_ids[b, keep]
+        slot[b, L - len(keep):] = True
+    out = teacher_forward(model, ids, slot)
+    keys, values = kv_from_cache(output_cache(out))
+    start = slot.sum(1) if position == "compressed" else lengths
+    return PrefixCache(keys, values, slot, next_position=start, prompt_length=lengths)
+
+
+def query_inputs(model: PreTrainedModel, prefix: PrefixCache, input_ids: Tensor,
+                 attention_mask: Tensor | None = None) -> dict:
+    """``model``'s kwargs to run ``input_ids: (B, q)`` after ``prefix`` (same batch size).
+
+    The query may be left- or right-padded: position ids count its real tokens from
+    ``prefix.next_position``.
+    """
+    if input_ids.shape[0] != prefix.batch_size:
+        raise ValueError(
+            f"query batch ({input_ids.shape[0]}) must equal the prefix batch ({prefix.batch_size}); "
+            "use PrefixCache.select or repeat_interleave"
+        )
+    qmask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    position_ids = prefix.next_position[:, None] + (qmask.long().cumsum(1) - 1).clamp(min=0)
+    full_mask = prefix_attention_mask(prefix.mask, qmask, prefix.bias, dtype=prefix.keys[0].dtype)
+    return {"input_ids": input_ids, "attention_mask": full_mask, "position_ids": position_ids,
+            **with_cache(model, prefix.to_dynamic())}
+
+
+def forward_with_prefix(
+    model: PreTrainedModel,
+    prefix: PrefixCache,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    **kwargs,
+):
+    """``model(...)`` on the query ``input_ids: (B, q)`` after ``prefix``; logits ``(B, q, vocab)``."""
+    return model(**query_inputs(model, prefix, input_ids, attention_mask), use_cache=True, **kwargs)
+
+
+def forward_packed(
+    model: PreTrainedModel,
+    prefixes: PrefixCache,
+    suffixes: Sequence[Sequence[int]],
+    rows: Sequence[int],
+    output_hidden_states: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """The last token of every ``suffixes[i]`` read after prefix row ``rows[i]``, with every
+    suffix of a row packed into one sequence.
+
+    Batching each suffix with its own copy of its row's cache (:func:`forward_with_prefix` on
+    :meth:`PrefixCache.select`) copies a long prefix (a dense 50-shot prompt is ~1700 tokens)
+    once per query, at every layer. Here the suffixes that share a row are laid end to end as
+    segments of one sequence: a segment sees the prefix and its own earlier tokens (a
+    block-diagonal causal mask), its position ids restart at the prefix's ``next_position``, and
+    the outputs are read at each segment's last token. The prefix is read once per row and
+    nothing is padded but the ends of shorter rows. Same result as the batched path up to float
+    rounding; the attention between segments is computed and masked, so the work grows with the
+    square of a row's packed length (keep the suffixes a row moderate).
+
+    Returns the logits there ``(n, V)`` float32 and, with ``output_hidden_states``, every
+    layer's hidden state there ``(n, m, H)`` (the embeddings left out), else None. Gradients
+    flow as the caller's grad mode allows.
+    """
+    if len(suffixes) != len(rows):
+        raise ValueError(f"{len(suffixes)} suffixes but {len(rows)} prefix rows; expected equal")
+    device = prefixes.mask.device
+    groups: dict[int, list[int]] = {}  # prefix row -> its pairs, in order
+    for i, (s, r) in enumerate(zip(suffixes, rows, strict=True)):
+        if not s:
+            raise ValueError(f"suffix {i} is empty; expected at least one token")
+        groups.setdefault(int(r), []).append(i)
+    width = max(sum(len(suffixes[i]) for i in pairs) for pairs in groups.values())
+    B = len(groups)
+    ids = torch.zeros((B, width), dtype=torch.long)
+    segment = torch.full((B, width), -1, dtype=torch.long)  # which suffix each slot holds; -1: padding
+    offset = torch.zeros((B, width), dtype=torch.long)  # a slot's index inside its segment
+    keep = torch.zeros((B, width), dtype=torch.bool)  # segment ends: where the logits are read
+    order = []  # pair index of each kept position, in row-major order
+    for b, pairs in enumerate(groups.values()):
+        at = 0
+        for i in pairs:
+            s = list(suffixes[i])
+            ids[b, at : at + len(s)] = torch.tensor(s, dtype=torch.long)
+            segment[b, at : at + len(s)] = i
+            offset[b, at : at + len(s)] = torch.arange(len(s))
+            keep[b, at + len(s) - 1] = True
+            order.append(i)
+            at += len(s)
+    sub = prefixes.select(list(groups))
+    dtype = sub.keys[0].dtype
+    low = torch.finfo(dtype).min
+    bias = torch.zeros(sub.mask.shape, dtype=dtype, device=device) if sub.bias is None else sub.bias.to(dtype)
+    seen = torch.where(sub.mask, bias, torch.full_like(bias, low))  # (B, L)
+    causal = torch.arange(width)[None, :] <= torch.arange(width)[:, None]  # (S, S) j <= i
+    sees = (segment[:, :, None] == segment[:, None, :]) & causal[None] & (segment[:, None, :] >= 0)  # (B, S, S)
+    own = torch.zeros(sees.shape, dtype=dtype).masked_fill(~sees, low).to(device)
+    attention = torch.cat([seen[:, None].expand(B, width, -1), own], dim=2)[:, None]  # (B, 1, S, L + S)
+    positions = sub.next_position[:, None] + offset.to(device)
+    keep = keep.to(device)
+    extra = {"logits_to_keep": keep} if accepts_logits_to_keep(model) else {}
+    out = model(input_ids=ids.to(device), attention_mask=attention, position_ids=positions, use_cache=True,
+                output_hidden_states=output_hidden_states, **with_cache(model, sub.to_dynamic()), **extra)
+    z = out.logits if extra else out.logits[keep]  # (n, V), row-major over kept positions
+    where = torch.empty(len(suffixes), dtype=torch.long, device=z.device)
+    where[torch.tensor(order, device=z.device)] = torch.arange(len(order), device=z.device)
+    logits = z.reshape(len(order), -1).float()[where]
+    if not output_hidden_states:
+        return logits, None
+    hidden = torch.stack([h[keep] for h in out.hidden_states[1:]], dim=1)  # (n, m, H), row-major
+    return logits, hidden[where.to(hidden.device)]
+
+
+def generate_with_prefix(
+    model: PreTrainedModel,
+    prefix: PrefixCache,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    **generate_kwargs,
+) -> Tensor:
+    """``model.generate`` from ``prefix`` and a left-padded query; returns the new tokens ``(B, n)``.
+
+    ``generate`` takes the whole sequence and skips what the cache holds, so the prefix is
+    stood for by placeholder ids that are never embedded; position ids follow the prefix's
+    convention.
+
+    A gated prefix (``bias``) needs a 4D attention mask that ``model.generate`` cannot extend
+    step by step: it is decoded greedily by :func:`icl_ssm.lm.scoring.greedy_generate` (which
+    rebuilds the mask each step), and the output is padded like ``generate``'s (with
+    ``pad_token_id``) after an end-of-sequence token; sampling and other generation options
+    are refused for it.
+    """
+    if prefix.bias is not None:
+        return _greedy_from_gated(model, prefix, input_ids, attention_mask, **generate_kwargs)
+    inputs = query_inputs(model, prefix, input_ids, attention_mask)
+    B, L = prefix.batch_size, prefix.length
+    placeholder = torch.zeros(B, L, dtype=input_ids.dtype, device=input_ids.device)
+    positions = torch.cat([torch.zeros(B, L, dtype=torch.long, device=input_ids.device),
+                           inputs["position_ids"]], dim=1)
+    out = model.generate(
+        input_ids=torch.cat([placeholder, input_ids], dim=1),
+        attention_mask=inputs["attention_mask"],
+        position_ids=positions,
+        **{name: inputs[name] for name in ("cache", "past_key_values") if name in inputs},
+        **generate_kwargs,
+    )
+    return out[:, L + input_ids.shape[1]:]
+
+
+GATED_GENERATE_OPTIONS = ("max_new_tokens", "do_sample", "eos_token_id", "pad_token_id")
+
+
+def _greedy_from_gated(model: PreTrainedModel, prefix: PrefixCache, input_ids: Tensor,
+                       attention_mask: Tensor | None, **generate_kwargs) -> Tensor:
+    unsupported = sorted(set(generate_kwargs) - set(GATED_GENERATE_OPTIONS))
+    if generate_kwargs.get("do_sample") or unsupported:
+        raise ValueError(
+            f"generate_with_prefix: a gated prefix (compressor with gate=True) is decoded greedily; got "
+            f"{'do_sample=True' if generate_kwargs.get('do_sample') else ', '.join(unsupported)}. Accepted: "
+            f"{', '.join(GATED_GENERATE_OPTIONS)} (do_sample=False)"
+        )
+    config = model.generation_config
+    eos = generate_kwargs.get("eos_token_id", config.eos_token_id)
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    pad = generate_kwargs.get("pad_token_id", config.pad_token_id)
+    pad = pad if pad is not None else (eos[0] if eos else 0)
+    mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    prompts = [row[m].tolist() for row, m in zip(input_ids, mask)]
+    limit = generate_kwargs.get("max_new_tokens", config.max_new_tokens or 20)
+    new = greedy_generate(model, prompts, prefix=prefix, eos_token_ids=eos, max_new_tokens=limit)
+    # like generate: a row that stopped early ends with its end-of-sequence token, padding follows
+    rows = [seq + eos[:1] if eos and len(seq) < limit else seq for seq in new]
+    width = max(map(len, rows), default=0)
+    out = torch.full((len(rows), width), pad, dtype=input_ids.dtype, device=input_ids.device)
+    for b, seq in enumerate(rows):
+        out[b, : len(seq)] = torch.tensor(seq, dtype=input_ids.dtype)
+    return out

@@ -1,0 +1,426 @@
+"""The frozen teacher's targets for distillation, computed once and stored on disk.
+
+A training *episode* is one demonstration subset (k examples from a task's candidate pool)
+and Q queries from the same pool (never the validation or test split). Episodes come in
+*groups* of subsets that share their queries, so that the student can be taught how losses
+*differ between subsets* on the same queries, the quantity selection ranks by.
+
+For every episode the teacher runs one dense prefill over the demonstrations and then answers
+each query from that prefix cache (never re-running the prefix). Stored, per episode:
+
+* ``pool_k``, ``pool_v: (m, H_kv, n_v, d)``: the post-RoPE keys/values of the prompt after
+  the sinks, averaged over ``n_v`` equal chunks of positions (the stage-1 targets);
+* per query: the top-K log-probabilities of the answer-position distribution and the mass
+  left outside them (KL targets), the gold token's log-probability and that of every label's
+  token, and every layer's hidden state at the answer position. The answer position is the
+  first one where answers differ: a lead that every answer shares (the space of " 42" in
+  SmolLM2's tokenizer) is appended to each query (``TeacherSpec.answer_leads``).
+
+Shards are safetensors files written atomically under a directory keyed by everything the
+targets depend on (``meta.json``); a directory written with other settings is refused with
+the differences named. Shard j is computed by process ``j mod world``, so several processes
+(``accelerate launch``) fill one cache together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save
+from torch import Tensor
+
+from icl_ssm import atomic
+from icl_ssm.compress.cache import exact_cache, forward_packed, forward_with_prefix
+from icl_ssm.data.splits import split
+from icl_ssm.data.tasks import Example, get_task
+from icl_ssm.lm.prompts import PromptBuilder, pad_ids
+
+FORMAT = 1
+
+
+_LATER_FIELDS = ("shared_tail", "shared_tail_every", "answer_leads")  # TeacherSpec fields added after FORMAT 1
+
+
+def check_shared_tail(shared_tail: int, every: int, k: int) -> None:
+    """The shared-tail settings of :func:`sample_episodes`, or a ValueError naming them."""
+    if not isinstance(shared_tail, int) or not 0 <= shared_tail < k:
+        raise ValueError(f"shared_tail must be an integer in [0, k={k}), got {shared_tail!r}")
+    if not isinstance(every, int) or every < 1:
+        raise ValueError(f"shared_tail_every must be a positive integer, got {every!r}")
+
+
+@dataclass(frozen=True)
+class TeacherSpec:
+    """Everything the stored targets depend on."""
+
+    model: str
+    model_fingerprint: str
+    tasks: tuple[str, ...]
+    k: int
+    episodes: int
+    queries: int = 8
+    group_size: int = 4
+    num_virtual: int = 16
+    num_sink: int = 4
+    num_recent: int = 0
+    topk: int = 64
+    seed: int = 0
+    chat: bool = False
+    shard_size: int = 16
+    format: int = FORMAT
+    shared_tail: int = 0  # last demonstrations common to the subsets of a group (see sample_episodes)
+    shared_tail_every: int = 1  # ... in every such group (1: all groups; 2: every other group)
+    # per task, the tokens every answer starts with (PromptBuilder.answer_lead), appended to each
+    # query so that the targets are read where answers differ; () when no task has one
+    answer_leads: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "answer_leads", tuple(tuple(int(t) for t in lead) for lead in self.answer_leads))
+        if self.answer_leads and len(self.answer_leads) != len(self.tasks):
+            raise ValueError(f"answer_leads has {len(self.answer_leads)} entries for {len(self.tasks)} tasks; "
+                             "expected one per task (or none)")
+        for name in ("k", "episodes", "queries", "group_size", "num_virtual", "topk", "shard_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not self.tasks:
+            raise ValueError("at least one task is needed")
+        check_shared_tail(self.shared_tail, self.shared_tail_every, self.k)
+
+    def key(self) -> str:
+        blob = asdict(self)
+        for f in fields(self):  # fields added later are left out at their default: older caches keep their key
+            if f.name in _LATER_FIELDS and blob[f.name] == f.default:
+                del blob[f.name]
+        return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def num_shards(self) -> int:
+        return -(-self.episodes // self.shard_size)
+
+
+def model_fingerprint(model) -> str:
+    """Hash of the teacher's config and parameter count: a changed teacher changes targets."""
+    config = model.config.to_dict()
+    for volatile in ("_name_or_path", "transformers_version", "torch_dtype", "dtype"):
+        config.pop(volatile, None)
+    blob = json.dumps(config, sort_keys=True, default=str) + str(sum(p.numel() for p in model.parameters()))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Episode:
+    task: int  # index into spec.tasks
+    group: int
+    demos: tuple[int, ...]  # pool indices, in prompt order
+    queries: tuple[int, ...]  # pool indices
+
+
+def sample_episodes(pool_sizes: Sequence[int], spec: TeacherSpec) -> list[Episode]:
+    """Deterministic episodes: tasks take turns group by group; within a group, ``group_size``
+    subsets of ``k`` demonstrations share ``queries`` queries drawn from the rest of the pool.
+
+    With ``spec.shared_tail = w > 0`` the subsets of a group also end with the same ``w``
+    demonstrations and differ only before them: what tells their losses apart lies outside an
+    exact window over the last tokens, so a ranking loss over the group can only be met by
+    the compressed summary of the earlier demonstrations. With ``spec.shared_tail_every = e``
+    only every e-th group does so (the others still teach how the last demonstrations read).
+    """
+    rng = np.random.default_rng(spec.seed)
+    episodes: list[Episode] = []
+    group = 0
+    while len(episodes) < spec.episodes:
+        task = group % len(pool_sizes)
+        n = pool_sizes[task]
+        if n < spec.k + spec.queries:
+            raise ValueError(
+                f"task {spec.tasks[task]!r}: the pool has {n} examples, fewer than k + queries = "
+                f"{spec.k} + {spec.queries}"
+            )
+        queries = rng.choice(n, spec.queries, replace=False)
+        rest = np.setdiff1d(np.arange(n), queries)
+        w = spec.shared_tail if group % spec.shared_tail_every == spec.shared_tail_every - 1 else 0
+        tail = rng.choice(rest, w, replace=False) if w else rest[:0]
+        rest = np.setdiff1d(rest, tail)
+        for _ in range(min(spec.group_size, spec.episodes - len(episodes))):
+            demos = np.concatenate([rng.choice(rest, spec.k - len(tail), replace=False), tail])
+            episodes.append(Episode(task, group, tuple(int(i) for i in demos), tuple(int(i) for i in queries)))
+        group += 1
+    return episodes
+
+
+def answer_leads(builders: Sequence[PromptBuilder], pools: Sequence[Sequence[Example]]) -> tuple:
+    """``TeacherSpec.answer_leads`` for these tasks: each builder's ``answer_lead`` over its
+    pool's answers, or ``()`` when no task has one (the targets then sit at the answer position)."""
+    leads = tuple(tuple(b.answer_lead(pool)) for b, pool in zip(builders, pools, strict=True))
+    return leads if any(leads) else ()
+
+
+def task_builders(model, tokenizer, tasks: Sequence[str], *, seed: int, chat: bool,
+                  task_options: dict | None = None) -> tuple[list[PromptBuilder], list[list[Example]]]:
+    """The prompt builder and candidate pool of every task, as the teacher pass uses them."""
+    loaded = [get_task(name, **(task_options or {}).get(name, {})) for name in tasks]
+    pools = [split(task, seed=seed).pool for task in loaded]
+    return [PromptBuilder.for_model(model, tokenizer, task, chat=chat) for task in loaded], pools
+
+
+def _ragged(seqs: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    flat = torch.tensor([t for s in seqs for t in s], dtype=torch.int32)
+    return flat, offsets
+
+
+def _unragged(flat: Tensor, offsets: Tensor) -> list[Tensor]:
+    return [flat[offsets[i] : offsets[i + 1]].long() for i in range(len(offsets) - 1)]
+
+
+def pool_kv(kv: Tensor, length: int, num_sink: int, num_virtual: int) -> Tensor:
+    """Mean of ``kv: (H_kv, L, d)`` over ``num_virtual`` equal chunks of positions
+    ``num_sink .. length`` -> ``(H_kv, num_virtual, d)`` (the paper's Pool)."""
+    span = kv[:, num_sink:length]
+    if span.shape[1] < num_virtual:
+        raise ValueError(
+            f"a prompt of {length} tokens leaves {span.shape[1]} after {num_sink} sinks, fewer than "
+            f"num_virtual={num_virtual}; use more demonstrations or fewer virtual tokens"
+        )
+    return torch.stack([c.mean(dim=1) for c in torch.tensor_split(span, num_virtual, dim=1)], dim=1)
+
+
+@torch.no_grad()
+def teacher_targets(model, builder: PromptBuilder, demos: list[Example], queries: list[Example],
+                    spec: TeacherSpec, lead: Sequence[int] = (), pack: bool = True) -> dict[str, Tensor]:
+    """One episode's targets (see the module docstring); shapes without the episode axis.
+
+    ``lead``: the tokens every answer starts with (``PromptBuilder.answer_lead``); they end each
+    stored query, so the targets (distribution, gold token, label tokens, hidden states) are
+    those of the first token where answers differ. The label tokens are the labels' distinct
+    tokens there, in label order. ``pack``: the queries are read as segments of one sequence
+    after the prefix (:func:`icl_ssm.compress.cache.forward_packed`); ``False`` is the reference path,
+    each query after its own copy of the prefix (the same targets up to float rounding).
+    Computed on the model's device, returned on the CPU."""
+    device = model.device
+    prefix_ids = torch.tensor([builder.build_prefix(demos).input_ids], device=device)
+    dense = exact_cache(model, prefix_ids)
+    L = prefix_ids.shape[1]
+    end = L - spec.num_recent  # virtual tokens summarise what the recent tokens do not keep
+    pool_k = torch.stack([pool_kv(k[0], end, spec.num_sink, spec.num_virtual) for k in dense.keys])
+    pool_v = torch.stack([pool_kv(v[0], end, spec.num_sink, spec.num_virtual) for v in dense.values])
+    lead = list(lead)
+    suffixes = [torch.tensor(builder.build_suffix(q).input_ids + lead) for q in queries]
+    if pack:  # every query a segment of one sequence after the prefix (read once, not copied per query)
+        with torch.no_grad():
+            logits, hidden = forward_packed(model, dense, [s.tolist() for s in suffixes], [0] * len(queries),
+                                              output_hidden_states=True)
+    else:  # the reference: each query after its own copy of the prefix, left-padded
+        ids, mask = pad_ids(suffixes, side="left")  # the answer position is the last one for every row
+        out = forward_with_prefix(model, dense.repeat_interleave(len(queries)), ids.to(device), mask.to(device),
+                                    output_hidden_states=True, logits_to_keep=1)
+        logits = out.logits[:, -1]
+        hidden = torch.stack([h[:, -1] for h in out.hidden_states[1:]], dim=1)  # (Q, m, H)
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (Q, V)
+    top_logp, top_idx = logp.topk(spec.topk, dim=-1)
+    gold = torch.tensor([builder.answer_ids(q)[len(lead)] for q in queries], device=device)
+    labels = builder.task.labels if builder.task.kind == "classification" else ()
+    distinct = dict.fromkeys(builder.answer_ids(lab)[len(lead)] for lab in labels)
+    label_tokens = torch.tensor(list(distinct), dtype=torch.long, device=device)
+    targets = {
+        "prompt_ids": prefix_ids[0],
+        "pool_k": pool_k.half(),
+        "pool_v": pool_v.half(),
+        "top_idx": top_idx.int(),
+        "top_logp": top_logp,
+        "gold_token": gold,
+        "gold_logp": logp.gather(1, gold[:, None])[:, 0],
+        "label_tokens": label_tokens,
+        "label_logp": logp[:, label_tokens] if len(labels) else logp.new_zeros(len(queries), 0),
+        "hidden": hidden.half(),
+    }
+    return {"query_ids": suffixes, **{name: t.cpu() for name, t in targets.items()}}
+
+
+def _atomic_save(tensors: dict[str, Tensor], path: Path) -> None:
+    data = save({k: v.contiguous() for k, v in tensors.items()})
+    atomic.write_with(path, lambda f: f.write(data))
+
+
+def _meta_diffs(stored: dict, spec: TeacherSpec, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Where a cache's stored meta differs from ``spec`` (fields added later keep their default)."""
+    mine = asdict(spec)
+    defaults = {f.name: f.default for f in fields(TeacherSpec)}
+    return [f"{k}: cache has {stored.get(k, defaults[k])!r}, requested {mine[k]!r}" for k in mine
+            if k not in ignore and json.dumps(stored.get(k, defaults[k])) != json.dumps(mine[k])]
+
+
+def _check_meta(directory: Path, spec: TeacherSpec) -> None:
+    meta_path = directory / "meta.json"
+    if not meta_path.exists():
+        return
+    diffs = _meta_diffs(json.loads(meta_path.read_text()), spec)
+    if diffs:
+        raise ValueError(f"teacher cache {str(directory)!r} was written with other settings; refusing to "
+                         "reuse it: " + "; ".join(diffs))
+
+
+@dataclass
+class TeacherCache:
+    """Read access to a complete teacher cache directory."""
+
+    directory: Path
+    spec: TeacherSpec
+    episodes: list[Episode] = field(repr=False)
+    _shards: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, directory: str | Path, spec: TeacherSpec | None = None) -> TeacherCache:
+        directory = Path(directory)
+        meta_path = directory / "meta.json"
+        if not meta_path.exists():
+            raise ValueError(f"{str(directory)!r} is not a teacher cache (no meta.json)")
+        meta = json.loads(meta_path.read_text())
+        stored = TeacherSpec(**{**meta, "tasks": tuple(meta["tasks"])})
+        if spec is not None:
+            _check_meta(directory, spec)
+        missing = [j for j in range(stored.num_shards) if not (directory / f"shard-{j:05d}.safetensors").exists()]
+        if missing:
+            raise ValueError(f"teacher cache {str(directory)!r} is incomplete: shards {missing[:8]} are missing")
+        episodes = [Episode(**{**e, "demos": tuple(e["demos"]), "queries": tuple(e["queries"])})
+                    for e in json.loads((directory / "episodes.json").read_text())]
+        return cls(directory, stored, episodes)
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    def shard(self, j: int) -> dict[str, Tensor]:
+        if j not in self._shards:
+            self._shards = {j: load_file(str(self.directory / f"shard-{j:05d}.safetensors"))}  # keep one
+        return self._shards[j]
+
+    def get(self, i: int) -> dict[str, Tensor]:
+        """Episode ``i``'s targets (the keys of :func:`teacher_targets`)."""
+        j, r = divmod(i, self.spec.shard_size)
+        s = self.shard(j)
+        out = {name: s[name][r] for name in ("pool_k", "pool_v", "top_idx", "top_logp", "gold_token",
+                                               "gold_logp", "label_logp", "hidden")}
+        out["prompt_ids"] = _unragged(s["prompt_ids"], s["prompt_offsets"])[r]
+        Q = self.spec.queries
+        queries = _unragged(s["query_ids"], s["query_offsets"])
+        out["query_ids"] = queries[r * Q : (r + 1) * Q]
+        out["label_tokens"] = s["label_tokens"][r]
+        out["group"] = self.episodes[i].group
+        return out
+
+
+def teacher_cache_dir(spec: TeacherSpec, root: str | Path | None = None) -> Path:
+    from icl_ssm.data.assets import cache_dir
+
+    return Path(root) if root is not None else cache_dir() / "teacher" / spec.key()
+
+
+def _reusable_shards(directory: Path, spec: TeacherSpec, episodes: list[Episode]) -> dict[int, Path]:
+    """Shards of sibling caches that hold exactly the episodes of one of our shards.
+
+    Episodes are drawn in sequence from one generator, so a cache that differs from ``spec``
+    only in its episode count holds the first shards of ``spec``'s cache: growing ``--samples``
+    computes only the new episodes. Each reused shard is checked episode by episode.
+    """
+    found: dict[int, Path] = {}
+    if not directory.parent.is_dir():
+        return found
+    for other in sorted(directory.parent.iterdir()):
+        meta_path, eps_path = other / "meta.json", other / "episodes.json"
+        if other == directory or not (meta_path.is_file() and eps_path.is_file()):
+            continue
+        try:
+            meta, theirs = json.loads(meta_path.read_text()), json.loads(eps_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if _meta_diffs(meta, spec, ignore=("episodes",)):
+            continue
+        size = spec.shard_size
+        for j in range(spec.num_shards):
+            block = json.loads(json.dumps([asdict(e) for e in episodes[j * size : (j + 1) * size]]))
+            shard = other / f"shard-{j:05d}.safetensors"
+            if j not in found and shard.is_file() and block == theirs[j * size : (j + 1) * size]:
+                found[j] = shard
+    return found
+
+
+def _copy_atomic(src: Path, path: Path) -> None:
+    with open(src, "rb") as source:
+        atomic.write_with(path, lambda f: shutil.copyfileobj(source, f))
+
+
+def build_teacher_cache(
+    model,
+    tokenizer,
+    spec: TeacherSpec,
+    directory: str | Path | None = None,
+    rank: int = 0,
+    world: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+    task_options: dict | None = None,
+) -> Path:
+    """Fill (or finish) the cache for ``spec``: this process computes shards ``rank::world``.
+
+    Returns the directory. Shards already present are kept: an interrupted build resumes.
+    """
+    directory = teacher_cache_dir(spec, directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    _check_meta(directory, spec)
+    builders, pools = task_builders(model, tokenizer, spec.tasks, seed=spec.seed, chat=spec.chat,
+                                    task_options=task_options)
+    leads = answer_leads(builders, pools)
+    if leads != spec.answer_leads:
+        raise ValueError(f"spec.answer_leads is {spec.answer_leads!r}, but the answers of {list(spec.tasks)} start "
+                         f"with {leads!r}: build the spec with teacher.answer_leads(*teacher.task_builders(...))")
+    episodes = sample_episodes([len(p) for p in pools], spec)
+    if rank == 0:
+        # a temporary name of its own: several runs may open one cache at the same moment
+        for name, payload in (("episodes.json", [asdict(e) for e in episodes]), ("meta.json", asdict(spec))):
+            atomic.write_text(directory / name, json.dumps(payload))
+    mine = [j for j in range(spec.num_shards) if j % world == rank]
+    reusable = _reusable_shards(directory, spec, episodes)
+    total = sum(len(episodes[j * spec.shard_size : (j + 1) * spec.shard_size]) for j in mine)
+    done = 0
+    for j in mine:
+        path = directory / f"shard-{j:05d}.safetensors"
+        block = episodes[j * spec.shard_size : (j + 1) * spec.shard_size]
+        if not path.exists() and j in reusable:
+            _copy_atomic(reusable[j], path)
+        if path.exists():
+            done += len(block)
+            if progress:
+                progress(done, total)
+            continue
+        rows = []
+        for e in block:
+            pool = pools[e.task]
+            rows.append(teacher_targets(model, builders[e.task], [pool[i] for i in e.demos],
+                                        [pool[i] for i in e.queries], spec, leads[e.task] if leads else ()))
+            done += 1
+            if progress:
+                progress(done, total)
+        n_labels = max(r["label_tokens"].numel() for r in rows)
+        prompt_ids, prompt_offsets = _ragged([r["prompt_ids"].tolist() for r in rows])
+        query_ids, query_offsets = _ragged([q.tolist() for r in rows for q in r["query_ids"]])
+        def padded(name: str, value: float) -> Tensor:  # tasks differ in their label count
+            return torch.stack([F.pad(r[name], (0, n_labels - r[name].shape[-1]), value=value) for r in rows])
+
+        tensors = {
+            "prompt_ids": prompt_ids, "prompt_offsets": prompt_offsets,
+            "query_ids": query_ids, "query_offsets": query_offsets,
+            "label_tokens": padded("label_tokens", -1), "label_logp": padded("label_logp", float("-inf")),
+        }
+        for name in ("pool_k", "pool_v", "top_idx", "top_logp", "gold_token", "gold_logp", "hidden"):
+            tensors[name] = torch.stack([r[name] for r in rows])
+        _atomic_save(tensors, path)
+    return directory

@@ -1,0 +1,256 @@
+"""Statistics of fidelity and selection: rank correlations with bootstrap intervals, label-balanced
+weights, split-half reliability with the Spearman-Brown correction, percentile intervals."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from torch import Tensor
+
+
+def rankdata(x: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Ranks 1..n, ties sharing their average rank (``scipy.stats.rankdata(method="average")``)."""
+    x = np.asarray(x, dtype=np.float64)
+    order = np.argsort(x, kind="stable")
+    ordered = x[order]
+    new = np.r_[True, ordered[1:] != ordered[:-1]]  # first element of each tie group
+    starts = np.flatnonzero(new)
+    ends = np.r_[starts[1:], len(x)]
+    average = (starts + ends + 1) / 2  # mean of the 1-based ranks start+1 .. end
+    ranks = np.empty(len(x))
+    ranks[order] = average[np.cumsum(new) - 1]
+    return ranks
+
+
+def pearson(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float:
+    """Pearson correlation; NaN when either side is constant or has fewer than 2 values."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"pearson needs two 1-D arrays of one length, got {x.shape} and {y.shape}")
+    if len(x) < 2:
+        return math.nan
+    dx, dy = x - x.mean(), y - y.mean()
+    denom = math.sqrt(float(dx @ dx) * float(dy @ dy))
+    return float(np.clip(dx @ dy / denom, -1.0, 1.0)) if denom > 0 else math.nan
+
+
+def spearman(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float:
+    """Spearman rank correlation (Pearson of average ranks); NaN when a side is constant."""
+    return pearson(rankdata(x), rankdata(y))
+
+
+def spearman_ci(
+    x: Sequence[float] | np.ndarray,
+    y: Sequence[float] | np.ndarray,
+    level: float = 0.95,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of :func:`spearman` over resampled (x, y) pairs.
+
+    With 30 subsets a Spearman correlation is uncertain by about +-0.3 (95%), which is the
+    size of the differences between compressors; the interval says so in the report.
+    Resamples with a constant side are dropped; ``(nan, nan)`` when every one is.
+    """
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"spearman_ci needs two 1-D arrays of one length, got {x.shape} and {y.shape}")
+    if not 0 < level < 1:
+        raise ValueError(f"level={level}: expected a coverage between 0 and 1")
+    if len(x) < 3:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(x), size=(resamples, len(x)))
+    return interval(np.array([spearman(x[i], y[i]) for i in draws]), level)
+
+
+def bootstrap_spearman(
+    ref: Tensor | np.ndarray,
+    others: dict[str, Tensor | np.ndarray],
+    *,
+    queries: bool = True,
+    labels: Sequence[int] | np.ndarray | None = None,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """Bootstrap draws of each path's subset-loss Spearman with the reference path.
+
+    ``ref`` and every ``others[name]`` are ``(S, Q)`` per-query losses on the same subsets and
+    queries. Each draw resamples the ``S`` subsets and, with ``queries``, the ``Q`` queries
+    too, recomputes every subset's mean loss on the drawn queries and correlates. Every path
+    sees the same draws, so ``draws[a] - draws[b]`` is a paired comparison of two paths.
+
+    Resampling the queries matters: a subset's loss is a mean over a handful of queries, and
+    which queries were drawn can move a compressor's Spearman as much as which subsets were.
+    With ``labels`` (one per query) every draw's subset losses are label-balanced over the
+    drawn queries (:func:`label_weights`).
+    Returns ``{name: (resamples,) float64}``, NaN where a draw leaves a side constant.
+    """
+    ref = np.asarray(ref, dtype=np.float64)
+    if ref.ndim != 2:
+        raise ValueError(f"bootstrap_spearman needs (subsets, queries) losses, got shape {ref.shape}")
+    S, Q = ref.shape
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, S, size=(resamples, S))
+    counts = np.ones((resamples, Q))  # every query once
+    if queries:
+        counts = np.stack([np.bincount(c, minlength=Q) for c in rng.integers(0, Q, size=(resamples, Q))]).astype(float)
+    if labels is None:
+        weights = counts / Q
+    else:
+        labels = np.asarray(labels)
+        if labels.shape != (Q,):
+            raise ValueError(f"bootstrap_spearman: {labels.shape[0]} labels for {Q} queries")
+        weights = np.zeros((resamples, Q))
+        for value in np.unique(labels):
+            of = labels == value
+            drawn = counts[:, of].sum(1, keepdims=True)  # queries of this label in each draw
+            weights[:, of] = np.divide(counts[:, of], drawn, out=np.zeros_like(counts[:, of]), where=drawn > 0)
+        weights /= weights.sum(1, keepdims=True)  # each label drawn carries the same weight
+
+    def subset_means(x: np.ndarray) -> np.ndarray:  # (resamples, S): drawn subsets, drawn queries
+        return np.einsum("bsq,bq->bs", x[rows], weights)
+
+    ref_means = subset_means(ref)
+    draws = {}
+    for name, x in others.items():
+        x = np.asarray(x, dtype=np.float64)
+        if x.shape != ref.shape:
+            raise ValueError(f"bootstrap_spearman: losses of {name!r} have shape {x.shape}, the reference {ref.shape}")
+        draws[name] = np.array([spearman(a, b) for a, b in zip(ref_means, subset_means(x))])
+    return draws
+
+
+def label_weights(labels: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``(Q,)`` query weights summing to 1 that give every label present the same total weight.
+
+    A subset's label balance shifts every answer toward the labels it shows most: queries of
+    that label gain, the others lose. Its plain mean loss therefore moves with the label mix of
+    the queries that happened to be drawn, and on Rotten Tomatoes at k = 50 the subsets' losses
+    on positive and on negative queries rank them in opposite orders (BENCHMARKS.md). Weighted
+    this way, a subset's loss is the mean of its per-label mean losses, as on a balanced test set.
+    """
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or not len(labels):
+        raise ValueError(f"label_weights needs a non-empty 1-D array of labels, got shape {labels.shape}")
+    values, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    return 1.0 / (len(values) * counts[inverse])
+
+
+def stratified_halves(labels: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Query indices split in two, each label's queries alternating between the halves."""
+    labels = np.asarray(labels)
+    first = np.zeros(len(labels), dtype=bool)
+    for value in np.unique(labels):
+        first[np.flatnonzero(labels == value)[0::2]] = True
+    return np.flatnonzero(first), np.flatnonzero(~first)
+
+
+def split_half_spearman(loss: Tensor | np.ndarray, labels: Sequence[int] | np.ndarray | None = None) -> float:
+    """Spearman between the subsets' mean losses on the even and on the odd queries.
+
+    ``loss``: ``(S, Q)`` per-query losses of one path. How much of its ranking of the subsets
+    belongs to the subsets rather than to the queries that happened to be drawn, i.e. how far
+    it can carry over to other queries from the task. NaN with fewer than 2 queries.
+    With ``labels`` (one per query), the halves are label-stratified and each half's loss is
+    label-balanced (:func:`label_weights`).
+    """
+    loss = np.asarray(loss, dtype=np.float64)
+    if loss.ndim != 2:
+        raise ValueError(f"split_half_spearman needs (subsets, queries) losses, got shape {loss.shape}")
+    if loss.shape[1] < 2:
+        return math.nan
+    if labels is None:
+        return spearman(loss[:, 0::2].mean(1), loss[:, 1::2].mean(1))
+    labels = np.asarray(labels)
+    a, b = stratified_halves(labels)
+    if not len(b):
+        return math.nan
+    return spearman(loss[:, a] @ label_weights(labels[a]), loss[:, b] @ label_weights(labels[b]))
+
+
+def spearman_brown(half: float, factor: float = 2.0) -> float:
+    """Reliability of a mean over ``factor`` times the queries of a half whose split-half
+    correlation is ``half``: ``factor * r / (1 + (factor - 1) * r)`` (Spearman-Brown). With the
+    default ``factor=2``, the reliability of the whole validation set's ranking. NaN for a NaN
+    ``half``; the formula assumes exchangeable queries and is read here for rank correlations,
+    as an estimate.
+    """
+    if not math.isfinite(half):
+        return math.nan
+    if factor <= 0:
+        raise ValueError(f"factor={factor}: expected a positive length ratio")
+    return factor * half / (1 + (factor - 1) * half)
+
+
+def queries_for_reliability(half: float, queries: int, target: float = 0.8) -> int | None:
+    """How many validation queries Spearman-Brown predicts a ranking needs to reach reliability
+    ``target``, from the split-half correlation ``half`` measured on ``queries`` queries (two
+    halves of ``queries / 2``). None when ``half <= 0`` (no length reaches it: the queries do not
+    agree on the subsets at all) or is NaN.
+    """
+    if not 0 < target < 1:
+        raise ValueError(f"target={target}: expected a reliability between 0 and 1")
+    if queries < 2:
+        raise ValueError(f"queries={queries}: a split-half needs at least 2 queries")
+    if not math.isfinite(half) or half <= 0:
+        return None
+    if half >= 1:
+        return queries // 2
+    factor = target * (1 - half) / (half * (1 - target))
+    return max(1, math.ceil(factor * queries / 2 - 1e-9))  # an exact multiple is not rounded up by float error
+
+
+def interval(draws: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of bootstrap ``draws``, NaN draws left out; ``(nan, nan)`` if all are."""
+    if not 0 < level < 1:
+        raise ValueError(f"level={level}: expected a coverage between 0 and 1")
+    draws = np.asarray(draws, dtype=np.float64)
+    draws = draws[np.isfinite(draws)]
+    if not len(draws):
+        return math.nan, math.nan
+    lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def paired_spearman(dense: Tensor, losses: dict[str, Tensor], *, labels: Sequence[int] | None = None,
+                    resamples: int = 2000, seed: int = 0) -> dict:
+    """Paired bootstrap differences of subset-loss Spearman between the paths of one run.
+
+    ``dense``: the ``(S, Q)`` dense losses; ``losses``: every path's (``dense`` itself is
+    skipped). Each trained path (``compressed`` and the ``also`` ones) is compared with the
+    comparators ``control`` and ``window``, and each ``also`` path with ``compressed``.
+    Returns ``{"A-B": {"diff", "ci95", "ci95_queries"}}``: the Spearman of A minus that of B,
+    and bootstrap intervals of the difference over the same resampled subsets (and queries)
+    for both paths, which are far narrower than comparing the two paths' own intervals. With
+    ``labels``, also ``diff_balanced`` and ``ci95_balanced`` (subsets and queries resampled) on
+    label-balanced subset losses.
+    """
+    losses = {name: x for name, x in losses.items() if name != "dense"}
+    if dense.shape[0] < 3:
+        return {}
+    trained = [name for name in losses if name not in ("control", "window")]
+    pairs = [(a, b) for a in trained for b in ("control", "window") if b in losses]
+    pairs += [(a, "compressed") for a in trained if a != "compressed" and "compressed" in losses]
+    rho = {name: spearman(dense.mean(1).numpy(), x.mean(1).numpy()) for name, x in losses.items()}
+    out = {f"{a}-{b}": {"diff": finite_or_none(rho[a] - rho[b])} for a, b in pairs}
+    runs = [("ci95", False, None), ("ci95_queries", True, None)]
+    if labels is not None:
+        w = label_weights(labels)
+        rho = {name: spearman(dense.double().numpy() @ w, x.double().numpy() @ w) for name, x in losses.items()}
+        for a, b in pairs:
+            out[f"{a}-{b}"]["diff_balanced"] = finite_or_none(rho[a] - rho[b])
+        runs.append(("ci95_balanced", True, labels))
+    for key, queries, weigh in runs:
+        draws = bootstrap_spearman(dense, losses, queries=queries, labels=weigh, resamples=resamples, seed=seed)
+        for a, b in pairs:
+            out[f"{a}-{b}"][key] = [finite_or_none(v) for v in interval(draws[a] - draws[b])]
+    return out
+
+
+def finite_or_none(value: float | Tensor) -> float | None:
+    """A finite float for JSON, None for NaN (e.g. a correlation with a constant side)."""
+    value = float(value)
+    return value if math.isfinite(value) else None

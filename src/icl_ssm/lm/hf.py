@@ -1,0 +1,78 @@
+"""The one module that touches the transformers forward and Cache API: the cache argument's name,
+the returned cache, ``logits_to_keep``, the attention mask over a prefix, and K/V read from a
+``DynamicCache``. A transformers release that renames these breaks this file alone."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache, PreTrainedModel
+
+
+def prefix_attention_mask(
+    prefix_mask: torch.Tensor,
+    seen_mask: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    num_new: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The ``attention_mask`` for a forward after a prefix.
+
+    ``prefix_mask: (B, L)`` real prefix slots; ``seen_mask: (B, S)`` the tokens after the
+    prefix so far, the last ``num_new`` (default: all) being this forward's inputs. Without
+    ``bias`` this is the usual 2D mask ``(B, L + S)``. ``bias: (B, L)`` adds a float to the
+    attention logits of every prefix slot (a gated compressed cache): the mask becomes the 4D
+    additive float mask ``(B, 1, num_new, L + S)`` that transformers passes to attention as-is,
+    causal over the tokens after the prefix.
+    """
+    if bias is None:
+        return torch.cat([prefix_mask.long(), seen_mask.long()], dim=1)
+    B, S = seen_mask.shape
+    q = S if num_new is None else num_new
+    low = torch.finfo(dtype).min
+    prefix = torch.where(prefix_mask.bool(), bias.to(dtype), torch.full_like(bias, low, dtype=dtype))  # (B, L)
+    rows = torch.arange(S - q, S, device=seen_mask.device)[:, None]  # (q, 1): absolute index of each new token
+    allowed = (torch.arange(S, device=seen_mask.device)[None] <= rows)[None] & seen_mask.bool()[:, None]  # (B, q, S)
+    after = torch.zeros(B, q, S, dtype=dtype, device=seen_mask.device).masked_fill(~allowed, low)
+    return torch.cat([prefix[:, None].expand(B, q, -1), after], dim=2)[:, None]  # (B, 1, q, L + S)
+
+
+_LOGITS_TO_KEEP: dict[type, bool] = {}
+
+
+def accepts_logits_to_keep(model: PreTrainedModel) -> bool:
+    cls = type(model)
+    if cls not in _LOGITS_TO_KEEP:
+        _LOGITS_TO_KEEP[cls] = "logits_to_keep" in inspect.signature(model.forward).parameters
+    return _LOGITS_TO_KEEP[cls]
+
+
+_CACHE_ARGUMENT: dict[type, str] = {}
+
+
+def with_cache(model: PreTrainedModel, cache: Any) -> dict[str, Any]:
+    """``{name: cache}`` for ``model(...)`` and ``model.generate(...)``: transformers 5.24 renamed
+    the forward's ``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40), so the
+    name is read from the model's signature once per class."""
+    cls = type(model)
+    if cls not in _CACHE_ARGUMENT:
+        params = inspect.signature(model.forward).parameters
+        _CACHE_ARGUMENT[cls] = "cache" if "cache" in params else "past_key_values"
+    return {_CACHE_ARGUMENT[cls]: cache}
+
+
+def output_cache(out: Any) -> Any:
+    """The cache a forward returned, under the name of the installed transformers."""
+    return out["cache"] if "cache" in out else out["past_key_values"]
+
+
+def kv_from_cache(cache: DynamicCache) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    return tuple(layer.keys for layer in cache.layers), tuple(layer.values for layer in cache.layers)
+
+
+def logits_to_keep_kwargs(model: PreTrainedModel, keep: int | Tensor) -> dict:
+    """``logits_to_keep`` where the model accepts it, so no (B, L, vocab) logits are built."""
+    return {"logits_to_keep": keep} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}

@@ -1,0 +1,7 @@
+"""Demonstration selection: the :class:`~icl_ssm.select.base.Selector` contract and its registry
+(:data:`~icl_ssm.select.base.SELECTORS`), subset sampling, affinity estimators, subset
+evaluators, Algorithm 2 (:mod:`.affinity`) and one module per baseline.
+
+Importing this package registers every selector."""
+
+from icl_ssm.select import affinity, bm25, gradce, random_k, topk  # noqa: F401  (each module registers its selector)

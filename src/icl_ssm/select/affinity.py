@@ -1,0 +1,190 @@
+"""Algorithm 2: sample subsets of the pool, score each by its validation loss from a
+:class:`~icl_ssm.select.evaluators.SubsetEvaluator`, give each candidate an affinity score and
+take the best ``k``; and the search over prompt orders."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from icl_ssm.cost import Cost
+from icl_ssm.data.tasks import Example
+from icl_ssm.select.base import Selection, Selector, arrange, check_selection_inputs, register, top_k, top_k_per_label
+from icl_ssm.select.estimators import ESTIMATORS, boundary, indicator, mean_affinity, ridge_affinity
+from icl_ssm.select.evaluators import (
+    CacheEvaluator,
+    PerQueryDenseEvaluator,
+    SubsetEvaluator,
+    SubsetLosses,
+    concat,
+    reliability,
+    split_half,
+)
+from icl_ssm.select.sampling import balanced_subsets, focused_subsets, label_quotas, stratified_subsets, subsets_for
+
+
+def search_order(evaluator: SubsetEvaluator, pool: Sequence[Example], validation: Sequence[Example],
+                 indices: Sequence[int], labels: Sequence[str], candidates: int,
+                 rng: np.random.Generator) -> tuple[list[int], dict[str, Any]]:
+    """The prompt order of the chosen ``indices`` with the lowest validation loss under ``evaluator``.
+
+    The candidates are the ``score`` order, ``interleave`` and ``candidates - 2`` random
+    permutations drawn from ``rng`` (with :func:`order_rng` the first is ``--order random``'s).
+    Each is a "subset" in that order, so any evaluator scores it (the dense one reads the real
+    prompt). Returns the best order (the first of equal losses) and, for the record, the cost
+    (FLOPs, seconds) and every candidate's order name, indices and loss.
+    """
+    if candidates < 2:
+        raise ValueError(f"order candidates={candidates}; expected >= 2 (score, interleave, then random orders)")
+    names = ["score", "interleave"] + ["random"] * (candidates - 2)
+    orders = [arrange(indices, labels, name, rng) for name in names]
+    result = evaluator.evaluate(pool, validation, orders)
+    losses = result.losses
+    best = int(np.argmin(losses))
+    return orders[best], {"chosen": best, "flops": result.cost.flops, "seconds": result.cost.seconds, "candidates": [
+        {"order": name, "indices": list(order), "validation_loss": float(loss)}
+        for name, order, loss in zip(names, orders, losses, strict=True)]}
+
+
+@register("affinity")
+@dataclass
+class AffinitySelector(Selector):
+    """Algorithm 2 on any :class:`SubsetEvaluator`.
+
+    ``subsets``: the budget ``M`` (default :func:`subsets_for` at ``eps``); ``coverage``: every
+    candidate must be in at least this many subsets of the first round, else a ValueError
+    says how many subsets would do; ``adaptive``: fraction of ``M`` spent in a second round on
+    the candidates near the top-``k`` boundary; ``stratify``: every subset holds the pool's
+    labels in the same even shares (:func:`stratified_subsets`) and the ``k`` demonstrations
+    are chosen with the same shares (:func:`top_k_per_label`); ``chunk``: subsets per evaluator
+    call (the progress granularity); ``progress(n)`` after every chunk of ``n`` subsets.
+    """
+
+    evaluator: SubsetEvaluator
+    subsets: int | None = None
+    estimator: str = "mean"
+    coverage: int = 1
+    adaptive: float = 0.0
+    eps: float = 0.5
+    stratify: bool = False
+    chunk: int = 32
+    progress: Callable[[int], None] | None = None
+
+    @classmethod
+    def from_config(cls, cfg, model, builder, compressor=None, progress=None) -> AffinitySelector:
+        """``cfg.evaluator``: ``dense-per-query`` (one full prompt per query), else a
+        :class:`CacheEvaluator` of that kind (``compressed`` needs ``compressor``)."""
+        if cfg.evaluator == "dense-per-query":
+            evaluator: SubsetEvaluator = PerQueryDenseEvaluator(model, builder, cfg.loss, cfg.batch,
+                                                                balance_labels=cfg.balance_labels)
+        else:
+            evaluator = CacheEvaluator(model, builder, cfg.evaluator, compressor, loss=cfg.loss, batch=cfg.batch,
+                                       query_batch=cfg.query_batch, balance_labels=cfg.balance_labels,
+                                       pack=cfg.pack)
+        return cls(evaluator, subsets=cfg.subsets, estimator=cfg.estimator, coverage=cfg.coverage,
+                   adaptive=cfg.adaptive, eps=cfg.eps, stratify=cfg.stratify, chunk=cfg.batch, progress=progress)
+
+    def __post_init__(self) -> None:
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"estimator={self.estimator!r}; accepted: {', '.join(ESTIMATORS)}")
+        if self.subsets is not None and self.subsets < 1:
+            raise ValueError(f"subsets={self.subsets}: expected >= 1")
+        if not 0.0 <= self.adaptive < 1.0:
+            raise ValueError(f"adaptive={self.adaptive}: expected a fraction in [0, 1)")
+        if self.coverage < 0:
+            raise ValueError(f"coverage={self.coverage}: expected >= 0")
+
+    def plan(self, n: int, k: int) -> tuple[int, int]:
+        """(first-round subsets, second-round subsets)."""
+        total = self.subsets if self.subsets is not None else subsets_for(n, k, self.eps)
+        second = int(total * self.adaptive)
+        return total - second, second
+
+    def select(self, pool, validation, k, rng):
+        check_selection_inputs(pool, validation, k)
+        n = len(pool)
+        if k == n:  # nothing to choose
+            return Selection(self.name, list(range(n)), np.zeros(n), details={"estimator": self.estimator})
+        first, second = self.plan(n, k)
+        labels = [e.target for e in pool]
+        if self.stratify:  # each label's candidates share its places: covering them takes n_y / quota_y subsets
+            sizes = Counter(labels)
+            need = max(math.ceil(self.coverage * sizes[y] / q) for y, q in label_quotas(labels, k).items())
+        else:
+            need = math.ceil(self.coverage * n / k)
+        if first < need:
+            raise ValueError(
+                f"subsets={first} (first round) cannot put each of the {n} candidates in {self.coverage} "
+                f"subset(s) of {k}: use --subsets >= {need}" + (" / (1 - adaptive)" if self.adaptive else "")
+            )
+        subsets = stratified_subsets(labels, k, first, rng) if self.stratify else balanced_subsets(n, k, first, rng)
+        result = self._evaluate(pool, validation, subsets)
+        focus: list[int] = []
+        if second:
+            scores, stderr = self.estimate(subsets, result.losses, n)
+            focus = boundary(scores, stderr, k)
+            more = (stratified_subsets(labels, k, second, rng, focus=focus) if self.stratify
+                    else focused_subsets(n, k, second, focus, rng))
+            result = concat(result, self._evaluate(pool, validation, more))
+            subsets += more
+        losses, cost, tokens = result.losses, result.cost, result.tokens
+        scores, _ = self.estimate(subsets, losses, n)
+        half = split_half(result)
+        queries = result.query_losses.shape[1] if result.query_losses is not None else 0
+        unseen = np.flatnonzero(~np.isfinite(scores)).tolist()
+        counts = indicator(subsets, n).sum(0)
+        chosen = top_k_per_label(scores, labels, k) if self.stratify else top_k(scores, k)
+        return Selection(
+            self.name, chosen, scores, cost, tokens, len(subsets), unseen,
+            details={"estimator": self.estimator, "evaluator": self.evaluator.name, "stratified": self.stratify,
+                     "min_coverage": int(counts.min()), "rounds": [first, second], "focus": focus,
+                     "subset_losses": losses.tolist(),
+                     **reliability(half, queries),
+                     "query_losses": None if result.query_losses is None else result.query_losses.tolist(),
+                     "query_labels": None if result.query_labels is None else result.query_labels.tolist()},
+        )
+
+    def estimate(self, subsets, losses, n) -> tuple[np.ndarray, np.ndarray]:
+        fn = mean_affinity if self.estimator == "mean" else ridge_affinity
+        return fn(subsets, losses, n)
+
+    def _evaluate(self, pool, validation, subsets: list[list[int]]) -> SubsetLosses:
+        """Losses of ``subsets`` in order; sharded over the processes of a distributed run."""
+        rank, world = _process()
+        mine = list(range(rank, len(subsets), world))
+        parts = []
+        for start in range(0, len(mine), self.chunk):
+            idx = mine[start : start + self.chunk]
+            parts.append(self.evaluator.evaluate(pool, validation, [subsets[j] for j in idx]))
+            if self.progress is not None:
+                self.progress(len(idx) * world)
+        local = concat(*parts) if parts else SubsetLosses(np.zeros(0))
+        if world == 1:
+            return local
+        gathered: list[Any] = [None] * world
+        torch.distributed.all_gather_object(gathered, (mine, local))
+        losses = np.empty(len(subsets))
+        per_query = None if any(p.query_losses is None for _, p in gathered if len(p.losses)) else \
+            np.empty((len(subsets), len(validation)))
+        cost, tokens = Cost(), 0
+        for positions, part in gathered:
+            losses[positions] = part.losses
+            if per_query is not None and len(positions):
+                per_query[positions] = part.query_losses
+            cost = Cost(cost.flops + part.cost.flops, max(cost.seconds, part.cost.seconds))
+            tokens += part.tokens
+        labels = next((p.query_labels for _, p in gathered if p.query_labels is not None), None)
+        return SubsetLosses(losses, cost, tokens, per_query, labels)
+
+
+def _process() -> tuple[int, int]:
+    """(rank, world) of a ``torch.distributed`` run, (0, 1) otherwise."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1

@@ -1,0 +1,250 @@
+"""``icl-ssm select``: choose ``k`` demonstrations from a task's pool and score them on its test set.
+
+``--method affinity`` is Algorithm 2 (``--evaluator compressed``: the distilled compressor's
+caches; ``dense``: exact prefix caches shared by the queries of a subset; ``dense-per-query``:
+one full prompt per query, the paper's accounting); ``random``, ``bm25``, ``topk`` and
+``gradce`` are the baselines. Writes ``selected.jsonl`` (id, text, label, score),
+``prompt.txt``, ``summary.json`` and ``select_config.json`` into ``--out``. Under
+``accelerate launch -m icl_ssm select ...`` the subsets are sharded across processes and
+every process ends with the same selection; the first one writes the files.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from icl_ssm import atomic
+from icl_ssm.compress.compressor import SSMCompressor
+from icl_ssm.compress.pretrained import find_pretrained
+from icl_ssm.data.splits import DEFAULT_POOL_SIZE, Splits, split
+from icl_ssm.data.tasks import Example, get_task
+from icl_ssm.evaluate.answers import LOSSES
+from icl_ssm.lm.models import DEFAULT_MODEL
+from icl_ssm.lm.prompts import PromptBuilder
+from icl_ssm.select.affinity import AffinitySelector, search_order
+from icl_ssm.select.base import (
+    ARRANGE_ORDERS,
+    SELECTORS,
+    Selection,
+    Selector,
+    arrange,
+    check_selection_inputs,
+    order_rng,
+    per_label,
+)
+from icl_ssm.select.estimators import ESTIMATORS
+from icl_ssm.select.evaluate import evaluate_selection
+from icl_ssm.select.evaluators import RELIABILITY_TARGET, CacheEvaluator
+
+EVALUATORS = ("compressed", "dense", "dense-per-query")
+
+
+ORDERS = (*ARRANGE_ORDERS, "search")  # search: chosen among candidate orders by the dense validation loss
+
+
+@dataclass
+class SelectConfig:
+    model: str = DEFAULT_MODEL
+    task: str = "rotten_tomatoes"
+    k: int = 20
+    method: str = "affinity"
+    compressor: str | None = None  # directory; needed by --evaluator compressed
+    evaluator: str = "compressed"
+    estimator: str = "mean"
+    subsets: int | None = None  # None: subsets_for(n, k, eps)
+    eps: float = 0.5
+    coverage: int = 1
+    adaptive: float = 0.0
+    queries: int = 32  # validation queries every subset is scored on
+    test_size: int | None = None  # None: the whole test split
+    pool_size: int = DEFAULT_POOL_SIZE
+    seed: int = 0
+    loss: str = "nll"
+    batch: int = 8
+    query_batch: int = 32
+    pack: bool = True  # a subset's queries read as segments of one sequence after its cache (see CacheEvaluator)
+    balance_labels: bool = False  # a subset's loss: the mean of its per-label mean validation losses
+    per_label: bool = False  # the k places shared out evenly over the pool's labels (top_k_per_label)
+    stratify: bool = False  # affinity: every subset with the labels in even shares (stratified_subsets); per label
+    order: str = "score"  # prompt order of the chosen demonstrations: ORDERS
+    order_candidates: int = 10  # --order search: orders scored on the validation queries
+    chat: bool = False
+
+    def check(self) -> None:
+        if self.method not in SELECTORS:
+            raise ValueError(f"--method {self.method!r}; accepted: {', '.join(SELECTORS)}")
+        if self.evaluator not in EVALUATORS:
+            raise ValueError(f"--evaluator {self.evaluator!r}; accepted: {', '.join(EVALUATORS)}")
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"--estimator {self.estimator!r}; accepted: {', '.join(ESTIMATORS)}")
+        if self.order not in ORDERS:
+            raise ValueError(f"--order {self.order!r}; accepted: {', '.join(ORDERS)}")
+        if self.order_candidates < 2:
+            raise ValueError(f"--order-candidates {self.order_candidates}: expected >= 2 (score, interleave, "
+                             "then random orders)")
+        if self.loss not in LOSSES:
+            raise ValueError(f"--loss {self.loss!r}; accepted: {', '.join(LOSSES)}")
+        if self.method == "affinity" and self.evaluator == "compressed" and not self.compressor:
+            shipped = find_pretrained(self.model, self.task, self.k)
+            where = (f"the one shipped for them is {shipped / 'compressor'}" if shipped else
+                     f"none is shipped for --model {self.model} and --task {self.task}; train one with "
+                     "`icl-ssm distill`")
+            raise ValueError(f"--method affinity --evaluator compressed needs --compressor DIR ({where}), "
+                             "or use --evaluator dense")
+        for name in ("queries", "batch", "query_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected >= 1")
+        if self.test_size is not None and self.test_size < 1:
+            raise ValueError(f"--test-size {self.test_size}: expected >= 1")
+        if self.stratify and self.method != "affinity":
+            raise ValueError(f"--stratify draws affinity's subsets with the labels in even shares; --method "
+                             f"{self.method!r} samples no subsets (use --per-label to share its places out)")
+
+
+def make_selector(cfg: SelectConfig, model, builder: PromptBuilder, compressor: SSMCompressor | None = None,
+                  progress: Callable[[int], None] | None = None) -> Selector:
+    """The selector ``cfg.method`` names in the registry, built by its ``from_config``."""
+    return SELECTORS[cfg.method].from_config(cfg, model, builder, compressor, progress)
+
+
+def select_demonstrations(
+    cfg: SelectConfig,
+    model,
+    tokenizer,
+    compressor: SSMCompressor | None = None,
+    *,
+    splits: Splits | None = None,
+    on_start: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[Selection, dict[str, Any], list[Example]]:
+    """Run the selection ``cfg`` describes and evaluate it on the test split.
+
+    Returns ``(selection, summary, pool)``; ``summary`` has the keys of ``--json``.
+    ``on_start(total_subsets)`` once the affinity budget is known (0 for baselines).
+    """
+    cfg.check()
+    task = get_task(cfg.task)
+    splits = splits or split(task, pool_size=cfg.pool_size, seed=cfg.seed)
+    if cfg.queries > len(splits.validation):
+        raise ValueError(f"--queries {cfg.queries}: task {task.name!r} has only {len(splits.validation)} "
+                         "validation examples; ask for at most that many")
+    validation, test = splits.validation[: cfg.queries], splits.test[: cfg.test_size]
+    builder = PromptBuilder.for_model(model, tokenizer, task, chat=cfg.chat)
+    selector = make_selector(cfg, model, builder, compressor, progress)
+    check_selection_inputs(splits.pool, validation, cfg.k)
+    kinds = {e.target for e in splits.pool}
+    if (cfg.per_label or cfg.stratify) and len(kinds) > cfg.k:
+        flag = "--stratify" if cfg.stratify else "--per-label"
+        raise ValueError(f"{flag} shares the k={cfg.k} places out over the pool's labels, but task {task.name!r} "
+                         f"has {len(kinds)} distinct labels in its pool; use it with at most k labels")
+    if on_start is not None:
+        on_start(sum(selector.plan(len(splits.pool), cfg.k)) if isinstance(selector, AffinitySelector) else 0)
+    t0 = time.perf_counter()
+    selection = selector.select(splits.pool, validation, cfg.k, np.random.default_rng(cfg.seed))
+    if cfg.per_label:
+        selection = per_label(selection, splits.pool)
+    wall = time.perf_counter() - t0
+    labels = [splits.pool[i].target for i in selection.indices]
+    searched = None
+    if cfg.order == "search":  # the real prompt in each candidate order, on the validation queries
+        dense = CacheEvaluator(model, builder, "dense", loss=cfg.loss, batch=1, query_batch=cfg.query_batch,
+                                 balance_labels=cfg.balance_labels, pack=True)
+        selection.indices, searched = search_order(dense, splits.pool, validation, selection.indices, labels,
+                                                     cfg.order_candidates, order_rng(cfg.seed))
+    else:
+        selection.indices = arrange(selection.indices, labels, cfg.order, order_rng(cfg.seed))
+    result = evaluate_selection(model, builder, selection.examples(splits.pool), test, loss=cfg.loss,
+                                  query_batch=cfg.query_batch)
+    summary = {
+        "method": cfg.method, "k": cfg.k, "indices": selection.indices,
+        "ids": [splits.pool[i].id for i in selection.indices],
+        "test_accuracy": result["accuracy"], "test_loss": result["loss"],
+        "flops": selection.cost.flops, "wall_seconds": wall, "subsets": selection.subsets or None,
+        "tokens": selection.tokens, "unseen": len(selection.unseen),
+        "order": cfg.order, "per_label": cfg.per_label or cfg.stratify, "stratified": cfg.stratify,
+        "evaluator": cfg.evaluator if cfg.method == "affinity" else None,
+        "estimator": cfg.estimator if cfg.method == "affinity" else None,
+        "model": cfg.model, "task": task.name, "seed": cfg.seed, "pool_size": len(splits.pool),
+        "validation_size": len(validation), "test_size": len(test),
+    }
+    if len(kinds) <= cfg.k:  # a task with a few labels: how the chosen ones share them
+        summary["labels"] = {y: labels.count(y) for y in sorted(kinds)}
+    for key in ("min_coverage", "split_half", "reliability", "queries_needed"):
+        if key in selection.details:
+            summary[key] = selection.details[key]
+    if searched is not None:
+        summary["order_search"] = searched
+    return selection, summary, list(splits.pool)
+
+
+def reliability_lines(summary: dict) -> list[str]:
+    """What the split-half of the subset losses says, for stderr: its value, the whole validation
+    set's reliability, and a warning with the queries it would take when that is below target."""
+    split = summary.get("split_half")
+    if split is None:
+        return []
+    lines = [f"split-half of the subset losses: {split:.2f} (Spearman between the subsets' losses on two halves of "
+             f"the {summary['validation_size']} validation queries); reliability of the whole set "
+             f"{summary['reliability']:.2f} (Spearman-Brown)"]
+    if split <= 0:
+        lines.append("warning: the two halves of the validation set do not agree on which subsets are better, so "
+                     "the affinity scores are mostly noise; use more validation queries (--queries) or "
+                     "--balance-labels")
+    elif summary["reliability"] < RELIABILITY_TARGET:
+        lines.append(f"warning: the validation set orders the subsets with reliability {summary['reliability']:.2f}; "
+                     f"about {summary['queries_needed']} queries (--queries) would give "
+                     f"{RELIABILITY_TARGET} (Spearman-Brown)")
+    return lines
+
+
+LEAN = 1.3  # lean_lines warns when one label holds more than this times its even share of the k places
+
+
+def lean_lines(summary: dict) -> list[str]:
+    """A warning, for stderr, when the chosen demonstrations lean to one label (more than
+    ``LEAN`` times its even share of ``k``) and ``--per-label`` was not asked for."""
+    counts = summary.get("labels")
+    if not counts or summary.get("per_label") or len(counts) < 2:
+        return []
+    label, top = max(counts.items(), key=lambda kv: kv[1])
+    if top <= LEAN * summary["k"] / len(counts):
+        return []
+    return [f"warning: {top} of the {summary['k']} chosen demonstrations are {label!r}; a prompt that leans to one "
+            "label pulls the answers toward it, and --per-label shares the places out evenly (BENCHMARKS.md, "
+            "\"One label's share of the prompt\")"]
+
+
+def selected_rows(pool, indices: list[int], scores: list[float | None]) -> list[dict]:
+    """The lines of ``selected.jsonl``: id, text, label and score of each chosen candidate."""
+    return [{"id": pool[i].id, "text": pool[i].input, "label": pool[i].target, "score": scores[i]} for i in indices]
+
+
+def write_selection(out: Path, selection: Selection, summary: dict, pool, builder_text: str, config: dict) -> None:
+    """selected.jsonl, prompt.txt, summary.json and select_config.json, each written atomically."""
+    scores = [float(x) if np.isfinite(x) else None for x in selection.scores]
+    atomic.write_jsonl(out / "selected.jsonl", selected_rows(pool, selection.indices, scores))
+    atomic.write_text(out / "prompt.txt", builder_text)
+    atomic.write_json(out / "select_config.json", config)
+    atomic.write_json(out / "summary.json", summary)
+
+
+def with_shipped_compressor(cfg: SelectConfig) -> SelectConfig:
+    """``cfg`` with ``compressor`` set to the one shipped for its model and task (trained at the
+    shot count nearest ``k``) when affinity on compressed caches was asked for without one."""
+    if cfg.compressor or cfg.method != "affinity" or cfg.evaluator != "compressed":
+        return cfg
+    shipped = find_pretrained(cfg.model, cfg.task, cfg.k)
+    if shipped is None:
+        return cfg
+    k = json.loads((shipped / "recipe.json").read_text()).get("k")
+    print(f"icl-ssm select: no --compressor given; using the one shipped for {cfg.model} / {cfg.task} "
+          f"({shipped.name}, trained at k={k})", file=sys.stderr)
+    return replace(cfg, compressor=str(shipped / "compressor"))

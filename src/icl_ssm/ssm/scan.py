@@ -1,0 +1,679 @@
+"""Linear scans ``h_t = Abar h_{t-1} + Bbar x_t`` over token embeddings.
+
+Shapes used throughout::
+
+    x:     (batch, T, H)      token embeddings
+    Bbar:  (N, H) or (G, N, H) learned input matrix, one per group of teacher layers
+    Abar:  (N, N)             frozen discrete transition, shared by the groups
+    mask:  (batch, T) bool    True for real tokens; padding may sit anywhere
+    out:   (batch, [G,] N)    final state, or (batch, T, [G,] N) with return_states
+
+Three implementations of the time-invariant scan are kept side by side and tested against
+each other:
+
+* :func:`scan_reference` - token by token, obviously correct.
+* :func:`scan_paper` - the paper's chunked closed form
+  ``s_out = A^C s_in + sum_t A^(C-1-t) u_t``, recomputing the powers in every chunk (kept
+  as a comparison row in the benchmark).
+* :func:`scan_fast` - the default. Powers of the frozen ``Abar`` are computed once (in
+  float64) and cached in a :class:`PowerCache`. For the final state it folds the first
+  level of chunking into the input matrix, ``W_j = Abar^(C1-1-j) Bbar``, so that every
+  chunk of ``C1`` tokens is reduced by *one* GEMM straight from the embeddings (the same
+  shape as the bare projection ``X Bbar^T``); the chunk sums then go through a second
+  chunked GEMM against the stacked powers of ``Abar^C1``, and only ``T / (C1 C2)`` small
+  steps stay sequential. ``C1`` is chosen from a flop model (``C1 = 1`` is the plain
+  ``U = X Bbar^T`` then chunk-GEMM scheme). All states use a chunk-parallel scan. Memory
+  beyond the input is ``O(C N^2 + batch T N)``, never ``O(T N^2)``.
+
+The scale-invariant LegS scan (:func:`legs_scan`) lives at the end of the module.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from icl_ssm.ssm import hippo
+
+IMPLS = ("reference", "paper", "fast")
+
+
+LEGS_IMPLS = ("reference", "fast")
+
+
+@dataclass
+class _Inputs:
+    x: Tensor  # (B, T, H)
+    Bbar: Tensor  # (G, N, H)
+    mask: Tensor | None  # (B, T) bool
+    grouped: bool  # whether the caller passed (G, N, H)
+    check_finite: bool = True
+
+    @property
+    def N(self) -> int:
+        return self.Bbar.shape[1]
+
+    @property
+    def G(self) -> int:
+        return self.Bbar.shape[0]
+
+
+def _shape(t: Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def _validate(
+    x: Tensor, Bbar: Tensor, Abar: Tensor | None, mask: Tensor | None, check_finite: bool
+) -> _Inputs:
+    if not isinstance(x, Tensor) or x.ndim != 3:
+        got = _shape(x) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"x must be a (batch, T, H) tensor, got {got}")
+    if not x.is_floating_point():
+        raise ValueError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+    B, T, H = x.shape
+    if T == 0:
+        raise ValueError("x has T = 0 tokens; a scan needs T >= 1")
+    if B == 0:
+        raise ValueError("x has batch = 0; a scan needs at least one sequence")
+    if not isinstance(Bbar, Tensor) or Bbar.ndim not in (2, 3):
+        got = _shape(Bbar) if isinstance(Bbar, Tensor) else type(Bbar).__name__
+        raise ValueError(f"Bbar must be (N, H) or (G, N, H), got {got}")
+    grouped = Bbar.ndim == 3
+    Bg = Bbar if grouped else Bbar[None]
+    if Bg.shape[1] <= 0 or Bg.shape[0] <= 0:
+        raise ValueError(f"Bbar must have N >= 1 and G >= 1, got shape {_shape(Bbar)}")
+    if Bg.shape[2] != H:
+        raise ValueError(
+            f"Bbar's last dim must equal x's H = {H}, got Bbar of shape {_shape(Bbar)}"
+        )
+    if Bg.dtype != x.dtype or Bg.device != x.device:
+        raise ValueError(
+            f"Bbar must match x's dtype and device ({x.dtype}, {x.device}), "
+            f"got ({Bg.dtype}, {Bg.device})"
+        )
+    N = Bg.shape[1]
+    if Abar is not None:
+        if not isinstance(Abar, Tensor) or _shape(Abar) != (N, N):
+            got = _shape(Abar) if isinstance(Abar, Tensor) else type(Abar).__name__
+            raise ValueError(f"Abar must be (N, N) = ({N}, {N}) to match Bbar, got {got}")
+    if mask is not None:
+        if not isinstance(mask, Tensor) or _shape(mask) != (B, T):
+            got = _shape(mask) if isinstance(mask, Tensor) else type(mask).__name__
+            raise ValueError(f"mask must be (batch, T) = ({B}, {T}), got {got}")
+        if mask.dtype != torch.bool:
+            if mask.is_floating_point() or not ((mask == 0) | (mask == 1)).all():
+                raise ValueError(f"mask must be bool or 0/1 integers, got dtype {mask.dtype}")
+            mask = mask.bool()
+        mask = mask.to(x.device)
+    if check_finite:  # the parameters are small; x is checked through the result (see _finish)
+        for name, t in (("Bbar", Bbar), ("Abar", Abar)):
+            if t is not None and not torch.isfinite(t).all():
+                bad = (~torch.isfinite(t)).sum().item()
+                raise ValueError(f"{name} has {bad} non-finite values (nan or inf); inputs must be finite")
+    return _Inputs(x=x, Bbar=Bg, mask=mask, grouped=grouped, check_finite=check_finite)
+
+
+def _finish(out: Tensor, inp: _Inputs, group_dim: int) -> Tensor:
+    """Check the result instead of the (much larger) input: a nan or inf in a real token of
+    ``x`` reaches the state, so a finite result proves finite inputs at no cost. Only on
+    failure are the inputs searched, to name the culprit."""
+    if inp.check_finite and not torch.isfinite(out).all():
+        bad = ~torch.isfinite(inp.x)
+        if inp.mask is not None:
+            bad &= inp.mask[..., None]
+        if bad.any():
+            raise ValueError(
+                f"x has {int(bad.sum())} non-finite values (nan or inf) in real tokens; inputs must be finite"
+            )
+        raise ValueError("the scan overflowed to nan/inf from finite inputs; scale x down or use float64")
+    return out if inp.grouped else out.squeeze(group_dim)
+
+
+def right_align(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Move each row's real tokens to the end, in order, and zero what precedes them.
+
+    ``x: (B, T, ...)``, ``mask: (B, T)`` -> ``(aligned, order)`` where ``order: (B, T)``
+    maps aligned positions to original ones. From a zero state, zero inputs before a
+    sequence leave a time-invariant scan unchanged, so aligned rows scan like rows alone.
+    """
+    order = torch.argsort(mask.to(torch.int8), dim=1, stable=True)  # padding first, then tokens
+    index = order.reshape(*order.shape, *([1] * (x.ndim - 2))).expand_as(x)
+    keep = torch.gather(mask, 1, order).reshape(*order.shape, *([1] * (x.ndim - 2)))
+    return torch.where(keep, torch.gather(x, 1, index), 0), order
+
+
+def _unalign_states(states: Tensor, order: Tensor, mask: Tensor) -> Tensor:
+    """Inverse of :func:`right_align` for ``states: (B, T, ...)``; padding positions -> 0."""
+    index = order.reshape(*order.shape, *([1] * (states.ndim - 2))).expand_as(states)
+    out = torch.zeros_like(states).scatter(1, index, states)
+    return out * mask.reshape(*mask.shape, *([1] * (states.ndim - 2)))
+
+
+def scan_reference(
+    x: Tensor,
+    Bbar: Tensor,
+    Abar: Tensor,
+    mask: Tensor | None = None,
+    return_states: bool = False,
+    check_finite: bool = True,
+) -> Tensor:
+    """Token by token: ``h_t = Abar h_{t-1} + Bbar x_t`` for real tokens, ``h_0 = 0``.
+
+    Padding tokens (``mask`` False) leave the state unchanged; their entries in the
+    returned states are 0. Returns ``(B, [G,] N)`` or ``(B, T, [G,] N)``.
+    """
+    inp = _validate(x, Bbar, Abar, mask, check_finite)
+    B, T, _ = x.shape
+    G, N = inp.G, inp.N
+    A = Abar.to(x.dtype)
+    Bflat = inp.Bbar.reshape(G * N, -1)  # (G*N, H)
+    h = x.new_zeros(B, G, N)
+    states = []
+    for t in range(T):
+        new = h @ A.T + (x[:, t] @ Bflat.T).view(B, G, N)
+        h = new if mask is None else torch.where(inp.mask[:, t, None, None], new, h)
+        if return_states:
+            states.append(h if mask is None else h * inp.mask[:, t, None, None])
+    if return_states:
+        return _finish(torch.stack(states, dim=1), inp, 2)
+    return _finish(h, inp, 1)
+
+
+def _project(x: Tensor, Bg: Tensor) -> Tensor:
+    """``U = X Bbar^T`` as one GEMM: ``(B, T, H), (G, N, H) -> (B, T, G, N)``."""
+    G, N, H = Bg.shape
+    return (x @ Bg.reshape(G * N, H).T).view(*x.shape[:2], G, N)
+
+
+def _left_pad(u: Tensor, multiple: int) -> Tensor:
+    """Zero-pad ``u: (B, T, ...)`` at the start so that T is a multiple of ``multiple``."""
+    r = (-u.shape[1]) % multiple
+    if r == 0:
+        return u
+    return torch.cat([u.new_zeros(u.shape[0], r, *u.shape[2:]), u], dim=1)
+
+
+def scan_paper(
+    x: Tensor,
+    Bbar: Tensor,
+    Abar: Tensor,
+    mask: Tensor | None = None,
+    chunk: int = 64,
+    check_finite: bool = True,
+    max_chunks: int | None = None,
+) -> Tensor:
+    """The paper's chunked closed form, recomputing ``A^0 .. A^C`` inside every chunk.
+
+    ``max_chunks`` stops after that many chunks (the benchmark times a prefix and
+    extrapolates; the returned state is then that of the prefix). Returns ``(B, [G,] N)``.
+    """
+    _check_chunk(chunk)
+    inp = _validate(x, Bbar, Abar, mask, check_finite)
+    xa = x if inp.mask is None else right_align(x, inp.mask)[0]
+    u = _left_pad(_project(xa, inp.Bbar), chunk)  # (B, T', G, N)
+    B, T, G, N = u.shape
+    A = Abar.to(x.dtype)
+    s = u.new_zeros(B, G, N)
+    n_chunks = T // chunk if max_chunks is None else min(T // chunk, max_chunks)
+    for c in range(n_chunks):
+        powers = [torch.eye(N, dtype=A.dtype, device=A.device)]
+        for _ in range(chunk):
+            powers.append(A @ powers[-1])
+        stacked = torch.stack(powers[chunk - 1 :: -1])  # (C, N, N): A^(C-1-t) for t < C
+        uc = u[:, c * chunk : (c + 1) * chunk]  # (B, C, G, N)
+        s = s @ powers[chunk].T + torch.einsum("tnm,btgm->bgn", stacked, uc)
+    return _finish(s, inp, 1)
+
+
+def scan_groups(x: Tensor, Bbar: Tensor, Abar: Tensor, mask: Tensor | None = None, chunk: int = 32) -> Tensor:
+    """Final states with one transition per group, differentiable in ``Abar`` (a learned dt).
+
+    ``x: (B, T, H)``, ``Bbar: (G, N, H)``, ``Abar: (G, N, N)`` -> ``(B, G, N)``. The chunked
+    closed form: ``A^0 .. A^C`` once per call (C matrix products per group, kept for the
+    backward pass), then one product per chunk. Reference: :func:`scan_reference` per group.
+    """
+    _check_chunk(chunk)
+    if Bbar.ndim != 3 or Abar.shape != (Bbar.shape[0], Bbar.shape[1], Bbar.shape[1]):
+        raise ValueError(f"Bbar must be (G, N, H) and Abar (G, N, N); got {tuple(Bbar.shape)}, {tuple(Abar.shape)}")
+    xa = x if mask is None else right_align(x, mask.bool())[0]
+    u = _left_pad(_project(xa, Bbar.to(x.dtype)), chunk)  # (B, T', G, N)
+    A = Abar.to(x.dtype)
+    powers = [torch.eye(A.shape[-1], dtype=A.dtype, device=A.device).expand_as(A)]
+    for _ in range(chunk):
+        powers.append(A @ powers[-1])
+    stacked = torch.stack(powers[chunk - 1 :: -1])  # (C, G, N, N): A^(C-1-t) for t < C
+    s = u.new_zeros(u.shape[0], *u.shape[2:])
+    for c in range(u.shape[1] // chunk):
+        uc = u[:, c * chunk : (c + 1) * chunk]  # (B, C, G, N)
+        s = torch.einsum("bgm,gnm->bgn", s, powers[chunk]) + torch.einsum("tgnm,btgm->bgn", stacked, uc)
+    return s
+
+
+def scan_groups_reference(x: Tensor, Bbar: Tensor, Abar: Tensor, mask: Tensor | None = None) -> Tensor:
+    """:func:`scan_groups` token by token, one group at a time."""
+    return torch.stack([scan_reference(x, Bbar[g : g + 1], Abar[g], mask, check_finite=False)[:, 0]
+                        for g in range(Bbar.shape[0])], dim=1)
+
+
+def _check_chunk(chunk: int) -> None:
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+
+
+@dataclass
+class PowerCache:
+    """Powers of a frozen ``Abar: (N, N)``, computed once in float64 and cast on demand.
+
+    ``stack(step, n, dtype, device)`` returns ``(n + 1, N, N)`` with entry j equal to
+    ``Abar^(step * j)``. Powers are built by repeated multiplication in float64, whose error
+    grows linearly in the exponent (repeated squaring amplifies it).
+    """
+
+    Abar: Tensor
+    _master: dict = field(default_factory=dict, repr=False)
+    _cast: dict = field(default_factory=dict, repr=False)
+    _folded: tuple | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        A = self.Abar
+        if not isinstance(A, Tensor) or A.ndim != 2 or A.shape[0] != A.shape[1]:
+            got = _shape(A) if isinstance(A, Tensor) else type(A).__name__
+            raise ValueError(f"Abar must be a square (N, N) tensor, got {got}")
+        if not torch.isfinite(A).all():
+            raise ValueError("Abar has non-finite values; it must be finite")
+        self.Abar = A.detach().to(torch.float64)
+
+    @property
+    def N(self) -> int:
+        return self.Abar.shape[0]
+
+    def _power(self, k: int) -> Tensor:
+        key = ("power", k)
+        if key not in self._master:
+            out, base, e = torch.eye(self.N, dtype=torch.float64, device=self.Abar.device), self.Abar, k
+            while e:
+                if e & 1:
+                    out = out @ base
+                base, e = base @ base, e >> 1
+            self._master[key] = out
+        return self._master[key]
+
+    def stack(self, step: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        key = (step, n, dtype, torch.device(device))
+        if key not in self._cast:
+            base = self.Abar if step == 1 else self._power(step)
+            powers = [torch.eye(self.N, dtype=torch.float64, device=base.device)]
+            for _ in range(n):
+                powers.append(base @ powers[-1])
+            self._cast[key] = torch.stack(powers).to(dtype=dtype, device=device)
+        return self._cast[key]
+
+    def reducer(self, step: int, C: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """``(C * N, N)`` matrix with row block j equal to ``(P^(C-1-j))^T``, ``P = Abar^step``.
+
+        A chunk ``u: (C, N)`` flattened to ``(C * N,)`` times this matrix is
+        ``sum_j P^(C-1-j) u_j``: all chunks of a sequence reduce in one GEMM.
+        """
+        key = ("reducer", step, C, dtype, torch.device(device))
+        if key not in self._cast:
+            powers = self.stack(step, C, dtype, device)
+            self._cast[key] = powers[:C].flip(0).transpose(1, 2).reshape(C * self.N, self.N)
+        return self._cast[key]
+
+    def folded(self, Bbar: Tensor, c1: int) -> Tensor:
+        """``W: (C1 * H, G * N)`` with ``W[(j, h), (g, n)] = (Abar^(C1-1-j) Bbar_g)[n, h]``.
+
+        One GEMM with it reduces a chunk of ``C1`` embeddings straight to its state
+        contribution. ``W`` depends only on frozen powers and on ``Bbar: (G, N, H)`` (or
+        ``(N, H)``); it is
+        kept for the most recent ``Bbar`` (the same tensor object, unmodified since) when no
+        gradient flows to it, as in selection, where one compressor scores many subsets.
+        """
+        key = (c1, Bbar.dtype, Bbar.device, Bbar._version)
+        cacheable = not (torch.is_grad_enabled() and Bbar.requires_grad)
+        hit = self._folded
+        if cacheable and hit is not None and hit[0] == key and hit[1]() is Bbar:
+            return hit[2]
+        Bg = Bbar if Bbar.ndim == 3 else Bbar[None]
+        G, N, H = Bg.shape
+        P = self.stack(1, c1, Bbar.dtype, Bbar.device)  # (C1+1, N, N)
+        # (C1*N, N) @ (N, G*H), then reorder to rows (j, h) and columns (g, n)
+        PB = P[:c1].flip(0).reshape(c1 * N, N) @ Bg.permute(1, 0, 2).reshape(N, G * H)
+        W = PB.view(c1, N, G, H).permute(0, 3, 2, 1).reshape(c1 * H, G * N)
+        self._folded = (key, weakref.ref(Bbar), W) if cacheable else None
+        return W
+
+    def lifter(self, C: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """``(N, C * N)`` matrix with column block j equal to ``(Abar^(j+1))^T``."""
+        key = ("lifter", C, dtype, torch.device(device))
+        if key not in self._cast:
+            powers = self.stack(1, C, dtype, device)
+            self._cast[key] = powers[1:].transpose(1, 2).permute(1, 0, 2).reshape(self.N, C * self.N)
+        return self._cast[key]
+
+
+def plan_fold(batch: int, T: int, H: int, N: int, G: int = 1) -> int:
+    """Fold size ``C1`` for :func:`scan_fast`'s final-state path.
+
+    Folding costs ``2 C1 G N^2 H`` flops once per call (forming ``W``) and divides the
+    second-level GEMM's ``2 (batch T / C1) G N^2`` by ``C1``; the flop optimum is
+    ``sqrt(batch T / H)``. The second-level GEMM is thinner and runs slower per flop than
+    the first, so the measured optimum (BENCHMARKS.md) sits about 1.4x higher. Rounded to a
+    power of two, capped at 32 so that ``W`` stays small. 1 means no folding (short prompts).
+    """
+    best = math.sqrt(2 * max(batch * T, 1) / max(H, 1))
+    c1 = 2 ** round(math.log2(best)) if best >= 3 else 1  # folding by 2 never pays for W
+    return int(min(c1, 32, T))
+
+
+def plan_chunk(n: int) -> int:
+    """Second-level chunk ``C2`` for a sequence of ``n`` first-level sums.
+
+    ``sqrt(n)`` balances the GEMM's row count ``n / C2`` against the ``n / C2``
+    sequential steps; clamped to [8, 32] (larger reducers, ``C2 N x N``, cost more memory
+    traffic than they save).
+    """
+    return int(min(32, max(8, 2 ** round(math.log2(max(n, 1)) / 2))))
+
+
+def _chunk_sums(u: Tensor, reducer: Tensor) -> Tensor:
+    """Per-chunk contributions ``S_c = sum_j P^(C-1-j) u_{c,j}`` as one GEMM.
+
+    ``u: (B, n, C, G, N)`` and ``reducer: (C * N, N)`` (:meth:`PowerCache.reducer`) ->
+    ``(B, n, G, N)``.
+    """
+    B, n, C, G, N = u.shape
+    if G == 1:
+        return (u.reshape(B * n, C * N) @ reducer).view(B, n, 1, N)
+    ug = u.permute(0, 1, 3, 2, 4).reshape(B * n * G, C * N)  # (B*n*G, C*N)
+    return (ug @ reducer).view(B, n, G, N)
+
+
+def _scan_chunks(v: Tensor, cache: PowerCache, step: int, chunk: int) -> Tensor:
+    """Final state of ``s_i = P s_{i-1} + v_i`` with ``P = Abar^step``, ``v: (B, n, G, N)``.
+
+    One GEMM for all chunk sums, then ``n / chunk`` sequential steps.
+    """
+    v = _left_pad(v, chunk)
+    B, n, G, N = v.shape
+    reducer = cache.reducer(step, chunk, v.dtype, v.device)  # (chunk*N, N)
+    sums = _chunk_sums(v.view(B, n // chunk, chunk, G, N), reducer)  # (B, n/chunk, G, N)
+    carry = cache.stack(step, chunk, v.dtype, v.device)[chunk].T
+    s = sums[:, 0]
+    for c in range(1, sums.shape[1]):
+        s = s @ carry + sums[:, c]
+    return s
+
+
+def scan_fast(
+    x: Tensor,
+    Bbar: Tensor,
+    Abar: Tensor | PowerCache,
+    mask: Tensor | None = None,
+    chunk: int | None = None,
+    fold: int | None = None,
+    return_states: bool = False,
+    check_finite: bool = True,
+) -> Tensor:
+    """GEMM-shaped scan with cached powers; same result as :func:`scan_reference`.
+
+    ``Abar`` may be a :class:`PowerCache` (reuse it across calls: the powers are computed
+    once). ``chunk`` is the second-level chunk ``C2`` (default :func:`plan_chunk`) and the
+    chunk of the all-states scan (default 64); ``fold`` the first-level fold ``C1``
+    (default :func:`plan_fold`).
+    Returns ``(B, [G,] N)`` or ``(B, T, [G,] N)``.
+    """
+    if chunk is not None:
+        _check_chunk(chunk)
+    cache = Abar if isinstance(Abar, PowerCache) else None
+    A_for_check = cache.Abar.to(x.dtype) if cache is not None and isinstance(x, Tensor) else Abar
+    inp = _validate(x, Bbar, A_for_check, mask, check_finite)
+    if cache is None:
+        cache = PowerCache(Abar)
+    order = None
+    if inp.mask is not None:
+        x, order = right_align(x, inp.mask)
+    if return_states:
+        states = _states_fast(x, inp.Bbar, cache, chunk or 64)  # (B, T, G, N)
+        if order is not None:
+            states = _unalign_states(states, order, inp.mask)
+        return _finish(states, inp, 2)
+    B, T, H = x.shape
+    G, N = inp.G, inp.N
+    c1 = plan_fold(B, T, H, N, G) if fold is None else fold
+    _check_chunk(c1)
+    c1 = min(c1, T)
+    if c1 == 1:
+        u = _project(x, inp.Bbar)  # (B, T, G, N)
+        return _finish(_scan_chunks(u, cache, 1, chunk or plan_chunk(T)), inp, 1)
+    W = cache.folded(Bbar, c1)  # (C1*H, G*N)
+    head, q = T % c1, T // c1
+    pieces = []
+    if head:  # the first T mod C1 tokens: their state after `head` steps
+        pieces.append((x[:, :head].reshape(B, head * H) @ W[(c1 - head) * H :]).view(B, 1, G, N))
+    if q:
+        body = x[:, head:].reshape(B, q, c1 * H)  # a view: rows are contiguous in (T, H)
+        pieces.append((body @ W).view(B, q, G, N))
+    v = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)  # (B, n, G, N)
+    return _finish(_scan_chunks(v, cache, c1, chunk or plan_chunk(v.shape[1])), inp, 1)
+
+
+def _states_fast(x: Tensor, Bg: Tensor, cache: PowerCache, chunk: int) -> Tensor:
+    """All states by a chunk-parallel scan: ``(B, T, H) -> (B, T, G, N)``.
+
+    1. local states inside every chunk from a zero start: ``chunk`` sequential GEMMs, each
+       batched over all chunks; 2. the state entering each chunk: ``T / chunk`` steps;
+    3. ``state = local + Abar^(j+1) carry`` for all positions as one GEMM.
+    """
+    B, T, _ = x.shape
+    G, N = Bg.shape[:2]
+    u = _left_pad(_project(x, Bg), chunk)  # (B, T', G, N)
+    n = u.shape[1] // chunk
+    u = u.view(B, n, chunk, G, N)
+    powers = cache.stack(1, chunk, x.dtype, x.device)  # (C+1, N, N)
+    A_T = powers[1].T
+    local = [u[:, :, 0]]
+    for j in range(1, chunk):
+        local.append(local[-1] @ A_T + u[:, :, j])
+    local = torch.stack(local, dim=2)  # (B, n, C, G, N)
+    carries = [u.new_zeros(B, G, N)]
+    carry_T = powers[chunk].T
+    for c in range(n - 1):
+        carries.append(carries[-1] @ carry_T + local[:, c, -1])
+    carries = torch.stack(carries, dim=1)  # (B, n, G, N): state before chunk c
+    lift = cache.lifter(chunk, x.dtype, x.device)  # (N, C*N): block j is (Abar^(j+1))^T
+    carried = (carries @ lift).view(B, n, G, chunk, N).transpose(2, 3)  # (B, n, C, G, N)
+    states = (local + carried).reshape(B, n * chunk, G, N)
+    return states[:, n * chunk - T :]
+
+
+def scan(
+    x: Tensor,
+    Bbar: Tensor,
+    Abar: Tensor | PowerCache,
+    mask: Tensor | None = None,
+    impl: str = "fast",
+    chunk: int | None = None,
+    return_states: bool = False,
+    check_finite: bool = True,
+) -> Tensor:
+    """Dispatch to one of :data:`IMPLS` (see the module docstring for shapes).
+
+    ``chunk`` defaults to the fast scan's plan and to 64 for the paper's scan."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "fast":
+        return scan_fast(x, Bbar, Abar, mask, chunk=chunk, return_states=return_states,
+                         check_finite=check_finite)
+    A = Abar.Abar if isinstance(Abar, PowerCache) else Abar
+    if impl == "reference":
+        return scan_reference(x, Bbar, A, mask, return_states=return_states,
+                              check_finite=check_finite)
+    if return_states:
+        raise ValueError("impl='paper' computes final states only; use 'fast' or 'reference'")
+    return scan_paper(x, Bbar, A, mask, chunk=chunk or 64, check_finite=check_finite)
+
+
+def left_align(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Move each row's real tokens to the start, in order, zeroing the rest.
+
+    Returns ``(aligned, order, lengths)``; ``lengths: (B,)``.
+    """
+    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
+    index = order.reshape(*order.shape, *([1] * (x.ndim - 2))).expand_as(x)
+    keep = torch.gather(mask, 1, order).reshape(*order.shape, *([1] * (x.ndim - 2)))
+    return torch.where(keep, torch.gather(x, 1, index), 0), order, mask.sum(dim=1)
+
+
+def legs_scan_reference(
+    x: Tensor,
+    Bbar: Tensor,
+    mask: Tensor | None = None,
+    method: str = "zoh",
+    return_states: bool = False,
+    check_finite: bool = True,
+) -> Tensor:
+    """Token by token with the step matrices of :func:`hippo.discretize_legs`.
+
+    ``Bbar: (N, H)`` or ``(G, N, H)`` is the continuous input matrix (the per-token
+    ``Gamma_k`` is applied inside). A row's k-th real token is step k; padding leaves the
+    state unchanged. Memory O(T N^2): for tests and short sequences.
+    """
+    inp = _validate(x, Bbar, None, mask, check_finite)
+    B, T, _ = x.shape
+    G, N = inp.G, inp.N
+    A, _ = hippo.transition("legs", N)
+    Abar, Gamma = (t.to(x.dtype) for t in hippo.discretize_legs(A.to(x.device), T, method))
+    Bflat = inp.Bbar.reshape(G * N, -1)
+    step = torch.zeros(B, dtype=torch.long, device=x.device)  # tokens seen per row
+    h = x.new_zeros(B, G, N)
+    states = []
+    for t in range(T):
+        real = torch.ones(B, dtype=torch.bool, device=x.device) if mask is None else inp.mask[:, t]
+        k = step.clamp(max=T - 1)  # index of this token's step matrices
+        v = (x[:, t] @ Bflat.T).view(B, G, N)
+        new = torch.einsum("bnm,bgm->bgn", Abar[k], h) + torch.einsum("bnm,bgm->bgn", Gamma[k], v)
+        h = torch.where(real[:, None, None], new, h)
+        step = step + real.long()
+        if return_states:
+            states.append(h * real[:, None, None])
+    if return_states:
+        return _finish(torch.stack(states, dim=1), inp, 2)
+    return _finish(h, inp, 1)
+
+
+def legs_kernel(L: int, N: int, start: int, stop: int) -> Tensor:
+    """Value-space kernel of the exact (zoh) LegS scan for tokens ``start .. stop-1``.
+
+    Entry ``[k, j, n] = (E_n(z_j (k+1) / L) - E_n(z_j k / L)) / z_j`` with ``E_n`` the
+    integral of the n-th shifted Legendre polynomial and ``z_j`` the Gauss nodes: the
+    contribution of token k, seen at node j, to coefficient n of the state after L tokens.
+    Returns ``(stop - start, N, N)`` float64. Entries are O(1/L): no cancellation blow-up.
+    """
+    z, _ = hippo.gauss_legendre(N)
+    k = torch.arange(start, stop + 1, dtype=torch.float64)
+    E = hippo.shifted_legendre_integral(z[None, :] * k[:, None] / L, N)  # (C+1, N, N)
+    return (E[1:] - E[:-1]) / z[None, :, None]
+
+
+def legs_kernel_slabs(L: int, N: int, start: int, stop: int, dtype: torch.dtype = torch.float64,
+                      device: torch.device | str = "cpu") -> Tensor:
+    """:func:`legs_kernel` laid out ``(J, N, C)`` (``legs_kernel(...).permute(1, 2, 0)``), in ``dtype``.
+
+    The same entries, several times faster: one pass of the Legendre recurrence over the
+    chunk's breakpoints, each degree's slab written as soon as it is known (``int P_n =
+    (P_{n+1} - P_{n-1}) / (2n+1)``, differenced over consecutive breakpoints), so no
+    ``(C, J, N)`` float64 temporaries are stacked, concatenated or differenced. Computed in
+    float64, cast slab by slab. The layout makes ``K.transpose(1, 2)`` the ``(C, N)``
+    matrix of each node, which ``torch.bmm`` reads without a copy.
+    """
+    z, _ = hippo.gauss_legendre(N)
+    k = torch.arange(start, stop + 1, dtype=torch.float64)
+    x = (2 * (z[:, None] * k[None, :] / L) - 1).to(device)  # (J, C+1): the breakpoints, on [-1, 1]
+    inv_z = (1 / z)[:, None].to(device)
+    out = torch.empty(N, N, stop - start, dtype=dtype, device=device)
+    out[:, 0] = (x[:, 1:] - x[:, :-1]) / 2 * inv_z  # E_0(y) = y
+    p_prev, p = torch.ones_like(x), x  # P_{n-1}, P_n
+    d_prev = torch.zeros_like(x[:, 1:])  # P_{n-1} differenced over the breakpoints
+    for n in range(1, N):
+        p_next = ((2 * n + 1) * x * p - n * p_prev) / (n + 1)
+        d_next = p_next[:, 1:] - p_next[:, :-1]
+        out[:, n] = (d_next - d_prev) * (inv_z / (2 * math.sqrt(2 * n + 1)))
+        d_prev = p[:, 1:] - p[:, :-1]
+        p_prev, p = p, p_next
+    return out
+
+
+def legs_scan_fast(
+    x: Tensor,
+    Bbar: Tensor,
+    mask: Tensor | None = None,
+    chunk: int = 256,
+    check_finite: bool = True,
+) -> Tensor:
+    """Final state of the exact (zoh) scale-invariant LegS scan, GEMM-shaped and stable.
+
+    ``exp(A log(T/s))`` is the dilation ``p(y) -> (s/T) p(y s/T)`` of the polynomial whose
+    shifted-Legendre coefficients are the state, so the state after T tokens is, at the
+    Gauss nodes ``z_j``, a sum over tokens of the input polynomial's values times the
+    integral of ``e_n`` over the token's interval. Hence: one GEMM ``Y = X (E_z Bbar)^T``
+    (values of each token's input at the nodes), then per chunk of tokens a batched GEMM
+    with :func:`legs_kernel` (data independent, built in float64 by the Legendre
+    recurrence, :func:`legs_kernel_slabs`), then the Gauss weights. Nothing is diagonalised. Rows of different
+    lengths are grouped by length. Returns ``(B, [G,] N)``.
+    """
+    _check_chunk(chunk)
+    inp = _validate(x, Bbar, None, mask, check_finite)
+    B, T, H = x.shape
+    G, N = inp.G, inp.N
+    z, w = hippo.gauss_legendre(N)
+    Ez = hippo.shifted_legendre(z, N).to(device=x.device, dtype=x.dtype)  # (J, N): e_n(z_j)
+    Wv = torch.einsum("jn,gnh->gjh", Ez, inp.Bbar)  # (G, J, H)
+    if inp.mask is None:
+        lengths = torch.full((B,), T, dtype=torch.long)
+    else:
+        x, _, lengths = left_align(x, inp.mask)
+        lengths = lengths.cpu()
+    Y = _project(x, Wv)  # (B, T, G, J): input polynomial of each token at the nodes
+    out = x.new_zeros(B, G, N)
+    for L in torch.unique(lengths).tolist():
+        rows = (lengths == L).nonzero().flatten().to(x.device)
+        if L == 0:
+            continue
+        acc = x.new_zeros(N, len(rows) * G, N)  # (J, b*G, N)
+        for start in range(0, L, chunk):
+            stop = min(start + chunk, L)
+            K = legs_kernel_slabs(L, N, start, stop, x.dtype, x.device)  # (J, N, C)
+            Yc = Y[rows, start:stop].permute(3, 0, 2, 1).reshape(N, -1, stop - start)  # (J, b*G, C)
+            acc = acc + torch.bmm(Yc, K.transpose(1, 2))  # one GEMM per node
+        out[rows] = torch.einsum("jbn,j->bn", acc, w.to(device=x.device, dtype=x.dtype)).view(-1, G, N)
+    return _finish(out, inp, 1)
+
+
+def legs_scan(
+    x: Tensor,
+    Bbar: Tensor,
+    mask: Tensor | None = None,
+    impl: str = "fast",
+    method: str = "zoh",
+    return_states: bool = False,
+    chunk: int = 256,
+    check_finite: bool = True,
+) -> Tensor:
+    """Scale-invariant LegS scan; ``fast`` computes the exact (zoh) final state."""
+    if impl not in LEGS_IMPLS:
+        raise ValueError(f"impl must be one of {LEGS_IMPLS}, got {impl!r}")
+    if method not in hippo.METHODS:
+        raise ValueError(f"method must be one of {hippo.METHODS}, got {method!r}")
+    if impl == "fast":
+        if method != "zoh" or return_states:
+            raise ValueError(
+                "the fast LegS scan computes the exact (method='zoh') final state only; "
+                f"got method={method!r}, return_states={return_states}: use impl='reference'"
+            )
+        return legs_scan_fast(x, Bbar, mask, chunk=chunk, check_finite=check_finite)
+    return legs_scan_reference(x, Bbar, mask, method, return_states, check_finite)
