@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import save_tiny, tiny_llama, tiny_qwen2
@@ -26,9 +28,11 @@ from icl_ssm.lm.models import (
     CONVERSION_MARKER,
     EMBEDDED_MODELS,
     UnsupportedModelError,
+    check_gguf,
     check_supported,
     convert_gguf,
     embedded_model_dir,
+    gguf_metadata,
     is_converted,
     load_gguf,
     load_model,
@@ -220,11 +224,38 @@ def _tiny_loader(calls: list | None = None, delay: float = 0.0):
     return loader
 
 
+def write_gguf(path: Path, arch: str = "llama", **metadata: int) -> Path:
+    """A tiny GGUF file: ``arch``'s shape keys, ``metadata`` as ``<arch>.<key>`` (uint32), a
+    short vocabulary array and two small float tensors; enough for its metadata to be read."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny {arch}")
+    writer.add_block_count(2)
+    writer.add_context_length(512)
+    writer.add_embedding_length(32)
+    writer.add_feed_forward_length(64)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_vocab_size(99)
+    writer.add_token_list([f"t{i}" for i in range(99)])
+    for key, value in metadata.items():
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_tensor("token_embd.weight", np.zeros((99, 32), dtype=np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(32, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 @pytest.fixture
 def fake_gguf(tmp_path) -> Path:
-    path = tmp_path / "fake.gguf"
-    path.write_bytes(b"GGUF")
-    return path
+    """A GGUF file whose metadata is a (tiny) Llama; its tensors are never read (the loaders
+    the tests pass build a tiny model instead)."""
+    return write_gguf(tmp_path / "fake.gguf")
 
 
 def _leftovers(parent: Path, name: str) -> list[str]:
@@ -332,6 +363,74 @@ def test_embedded_dir_fetches_only_when_not_converted(tmp_path, fake_gguf):
     assert model_info(model)["hidden_size"] == 32
     with pytest.raises(ValueError, match="not a GGUF model"):
         embedded_model_dir("tiny-llama", cache_dir=tmp_path)
+
+
+# ---------------------------------------------------------------- GGUF refusal from metadata
+
+
+def _no_conversion(path):
+    raise AssertionError(f"{path} was converted; it should have been refused from its metadata")
+
+
+@pytest.mark.parametrize(
+    ("arch", "metadata", "match"),
+    [
+        ("gemma2", {"attention.sliding_window": 8}, r"sliding-window attention \(gemma2.attention.sliding_window=8, "
+                                                    r"gemma2.context_length=512\)"),
+        ("phi3", {"attention.sliding_window": 64}, "sliding-window attention"),  # not in transformers' phi3 config
+        ("rwkv6", {}, "transformers .* cannot load it from GGUF .*architectures it loads: llama"),
+        ("mamba", {}, r"model type 'mamba' is not supported: .*linear_attention"),
+    ],
+    ids=["gemma2-swa", "phi3-swa", "unknown-arch", "mamba"],
+)
+def test_gguf_refused_from_metadata_before_conversion(tmp_path, monkeypatch, arch, metadata, match):
+    path = write_gguf(tmp_path / f"{arch}.gguf", arch, **metadata)
+    monkeypatch.setattr(lm_models, "load_gguf", _no_conversion)
+    started = time.perf_counter()
+    with pytest.raises(UnsupportedModelError, match=match) as err:
+        load_model(path, cache_dir=tmp_path / "cache")
+    assert time.perf_counter() - started < 30  # metadata only: no de-quantisation
+    message = str(err.value)
+    assert f"GGUF file {str(path)!r} (architecture {arch!r})" in message
+    assert "full attention over a KV cache" in message
+    assert not (tmp_path / "cache" / "models").exists()  # nothing converted, no lock taken
+    with pytest.raises(UnsupportedModelError):
+        convert_gguf(path, tmp_path / "target", loader=_no_conversion)
+
+
+@pytest.mark.parametrize(
+    ("arch", "metadata"),
+    [("llama", {}), ("qwen2", {}), ("llama", {"attention.sliding_window": 512})],
+    ids=["llama", "qwen2", "window-covers-context"],
+)
+def test_check_gguf_accepts_served_architectures(tmp_path, arch, metadata):
+    config = check_gguf(write_gguf(tmp_path / "ok.gguf", arch, **metadata))
+    assert config.model_type == arch
+    assert (config.num_hidden_layers, config.hidden_size, config.max_position_embeddings) == (2, 32, 512)
+
+
+def test_gguf_metadata_reads_scalars_not_arrays(fake_gguf):
+    metadata = gguf_metadata(fake_gguf)
+    assert metadata["general.architecture"] == "llama"
+    assert metadata["llama.context_length"] == 512 and metadata["llama.block_count"] == 2
+    assert "tokenizer.ggml.tokens" not in metadata  # arrays (the vocabulary) are left out
+
+
+@pytest.mark.parametrize("content", [b"GGUF", b"not a model at all"], ids=["truncated", "bad-magic"])
+def test_not_a_gguf_file_is_named(tmp_path, monkeypatch, content):
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(content)
+    monkeypatch.setattr(lm_models, "load_gguf", _no_conversion)
+    with pytest.raises(ValueError, match=f"{re.escape(str(path))}: not a readable GGUF file"):
+        load_model(path, cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.slow
+def test_check_gguf_accepts_smollm2():
+    from icl_ssm.data import assets
+
+    config = check_gguf(assets.fetch("smollm2-135m-gguf"))
+    assert (config.model_type, config.num_hidden_layers, config.num_key_value_heads) == ("llama", 30, 3)
 
 
 @pytest.mark.slow

@@ -74,6 +74,6 @@ def test_run_refuses_bad_input(data, tmp_path, tmp_cache, capsys):
     assert main(run_args(data, tmp_path / "file")) == 2
     assert "is a file" in capsys.readouterr().err
     assert main(run_args(data, tmp_path / "big", "--k", "30")) == 2
-    assert "only 24 candidates" in capsys.readouterr().err
+    assert "pool_size=24 is smaller than k=30" in capsys.readouterr().err
     assert main(run_args(data, tmp_path / "m", "--methods", "affinity", "oracle")) == 2
     assert "oracle" in capsys.readouterr().err

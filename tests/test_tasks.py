@@ -446,7 +446,12 @@ BAD_FILES = [
         {"labels": ("x", "y")},
         "a.jsonl line 2: label 'neutral' is not one of the labels given (x, y)",
     ),
-    ("a.jsonl", b'{"text": "", "label": "x"}\n', {}, "a.jsonl line 1: field 'text' is ''"),
+    (
+        "a.jsonl",
+        b'{"text": "", "label": "x"}\n',
+        {},
+        "a.jsonl line 1: field 'text' is ''; expected a non-empty string or number; pass skip_empty=true",
+    ),
     (
         "a.jsonl",
         b'{"text": "a", "label": "x", "i": 1}\n{"text": "b", "label": "x", "i": 1}\n',

@@ -23,10 +23,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from icl_ssm import atomic
 from icl_ssm.compress.compressor import load_compressor
 from icl_ssm.compress.pretrained import find_pretrained
-from icl_ssm.data.splits import Splits, split
+from icl_ssm.data.splits import Splits, label_warning, split
 from icl_ssm.data.tasks import get_task
 from icl_ssm.distill.run import train_compressor
 from icl_ssm.distill.train import DistillConfig
@@ -34,6 +36,8 @@ from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
 from icl_ssm.lm.models import DEFAULT_MODEL, load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.base import SELECTORS
+from icl_ssm.select.check import check_prompts, hand_over
+from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.run import SelectConfig, select_demonstrations, selected_rows
 
 DEFAULT_METHODS = ("affinity", "random", "bm25", "topk")
@@ -69,6 +73,9 @@ class RunConfig:
     order: str = "score"  # prompt order of every method's chosen demonstrations (select --order)
     methods: tuple[str, ...] = DEFAULT_METHODS
     dense_evaluator: bool = True  # also run affinity on dense caches (cost and quality beside)
+    check_size: int = 64  # held-out validation examples the check scores every prompt on
+    random_prompts: int = 8  # random k-prompts the chosen prompt is checked against
+    keep_selection: bool = False  # hand over the method's pick even when it does not beat random prompts
     fidelity_subsets: int = 30
     fidelity_queries: int = 4
     batch: int = 8
@@ -80,6 +87,8 @@ class RunConfig:
             raise ValueError(f"--methods {unknown}: accepted: {', '.join(SELECTORS)}")
         if self.k < 1:
             raise ValueError(f"--k {self.k}: expected >= 1 demonstrations")
+        if self.random_prompts < 1 or self.check_size < 1:
+            raise ValueError(f"--random-prompts {self.random_prompts}, --check-size {self.check_size}: expected >= 1")
         if self.fidelity_subsets < 2:
             raise ValueError(f"--fidelity-subsets {self.fidelity_subsets}: a rank correlation needs >= 2 subsets")
 
@@ -173,7 +182,11 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
     cfg.check()
     out = atomic.prepare_dir(out)
     task = get_task(cfg.task)
-    splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed)
+    splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k, min_val_size=cfg.queries)
+    for note in (splits.note, *task.notes(), label_warning(splits.pool, task.labels if task.kind == "classification"
+                                                                  else ())):
+        if note:
+            say(note)
     if cfg.k > len(splits.pool):
         raise ValueError(f"--k {cfg.k} demonstrations requested but the pool of task {task.name!r} has only "
                          f"{len(splits.pool)} candidates; lower --k or raise --pool-size")
@@ -215,27 +228,67 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
         else:
             say(f"select {name}: done before, skipped")
         selections[name] = result
-    return write_outputs(cfg, out, comp, fidelity, selections, splits, model, tokenizer)
+    check = check_stage(cfg, stages, selections, splits, model, tokenizer)
+    return write_outputs(cfg, out, comp, fidelity, selections, splits, model, tokenizer, check)
+
+
+def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], splits: Splits, model,
+                tokenizer) -> dict:
+    """Every method's pick, zero-shot and ``cfg.random_prompts`` random prompts on held-out
+    validation examples (those after the ``cfg.queries`` selection used), then which prompt to
+    hand over and why (:func:`~icl_ssm.select.check.hand_over`); also the zero-shot test accuracy."""
+    candidates = {name: s["indices"] for name, s in selections.items()}
+    key = _key([candidates, asdict(cfg)])
+    done = stages.get("check", key)
+    if done is not None:
+        say("check: done before, skipped")
+        return done
+    builder = PromptBuilder.for_model(model, tokenizer, get_task(cfg.task))
+    test = splits.test[: cfg.test_size]
+    zero = evaluate_selection(model, builder, [], test, query_batch=cfg.query_batch)["accuracy"]
+    held_out = splits.validation[cfg.queries: cfg.queries + cfg.check_size]
+    if not held_out:
+        say(f"warning: no validation examples are left after the {cfg.queries} selection used, so the chosen "
+            "prompt is not checked against random prompts; use a larger file or fewer --queries")
+        return stages.put("check", key, {"skipped": True, "zero_shot_test_accuracy": zero, "test_size": len(test)})
+    result = check_prompts(model, builder, splits.pool, held_out, candidates, cfg.k,
+                           np.random.default_rng([cfg.seed, 1]), random_count=cfg.random_prompts,
+                           query_batch=cfg.query_batch)
+    preferred = "affinity" if "affinity" in candidates else next(iter(candidates))
+    name, indices, reason = hand_over(result, preferred, keep=cfg.keep_selection)
+    if name in selections:
+        test_accuracy = selections[name]["test_accuracy"]
+    else:  # a random prompt won the check: score it on the test split too
+        test_accuracy = evaluate_selection(model, builder, [splits.pool[i] for i in indices], test,
+                                           query_batch=cfg.query_batch)["accuracy"]
+    beats = result["prompts"][preferred]["accuracy"] > result["random_median"]
+    handed = {"name": name, "indices": indices, "reason": reason, "beats_random": beats,
+              "test_accuracy": test_accuracy}
+    return stages.put("check", key, {**result, "preferred": preferred, "handed_over": handed,
+                                     "zero_shot_test_accuracy": zero, "test_size": len(test)})
 
 
 def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selections: dict[str, dict],
-                  splits: Splits, model, tokenizer) -> dict:
-    """selected.jsonl + prompt.txt (the affinity choice, else the first method's) and the report."""
+                  splits: Splits, model, tokenizer, check: dict | None = None) -> dict:
+    """selected.jsonl + prompt.txt (the prompt handed over: the method's pick when it passed the
+    check against random prompts, else the best-checked prompt) and the report."""
     from icl_ssm.report import write_report
 
     chosen = selections.get("affinity") or next(iter(selections.values()))
     pool = splits.pool
-    scores = chosen.get("scores") or [None] * len(pool)
-    atomic.write_jsonl(out / "selected.jsonl", selected_rows(pool, chosen["indices"], scores))
+    handed = (check or {}).get("handed_over") or {"name": chosen["method"], "indices": chosen["indices"]}
+    scores = chosen.get("scores") if handed["indices"] == chosen["indices"] else None
+    scores = scores or [None] * len(pool)
+    atomic.write_jsonl(out / "selected.jsonl", selected_rows(pool, handed["indices"], scores))
     builder = PromptBuilder.for_model(model, tokenizer, get_task(cfg.task))
-    atomic.write_text(out / "prompt.txt", builder.build_prefix([pool[i] for i in chosen["indices"]]).text)
+    atomic.write_text(out / "prompt.txt", builder.build_prefix([pool[i] for i in handed["indices"]]).text)
     dense = selections.get("affinity-dense")
     rows = []
     for name, s in selections.items():
         if name == "affinity-dense":
             continue
         row = {key: s.get(key) for key in ("method", "evaluator", "test_accuracy", "flops", "wall_seconds",
-                                           "subsets", "indices")}
+                                           "subsets", "indices", "labels", "test_size")}
         if name == "affinity" and dense is not None:
             row.update(dense_flops=dense["flops"], dense_wall_seconds=dense["wall_seconds"],
                        dense_test_accuracy=dense["test_accuracy"])
@@ -249,7 +302,7 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selecti
         "selections": rows,
         "affinity_scores": selections["affinity"]["scores"] if "affinity" in selections else None,
         "selected": chosen["indices"], "prompt_file": "prompt.txt", "selected_file": "selected.jsonl",
-        "pool_size": len(pool), "run_config": asdict(cfg),
+        "pool_size": len(pool), "run_config": asdict(cfg), "check": check, "handed_over": handed,
     }
     write_report(out, report)
     return report

@@ -18,6 +18,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from icl_ssm import atomic
+from icl_ssm.evaluate.stats import wilson_interval
 
 DASH = "—"
 
@@ -112,16 +113,52 @@ def _fidelity_md(fid: dict | None) -> list[str]:
     ]
 
 
+def _acc_ci(acc: Any, n: Any) -> str:
+    """``0.733 [0.66, 0.80]``: an accuracy over ``n`` examples with its Wilson 95% interval."""
+    if not (_is_num(acc) and isinstance(n, int) and n > 0):
+        return _fmt(acc)
+    lo, hi = wilson_interval(round(acc * n), n)
+    return f"{acc:.3f} [{lo:.2f}, {hi:.2f}]"
+
+
+def check_lines(report: dict) -> list[str]:
+    """What the check against random prompts found, headline first (for the CLI and report.md)."""
+    check = report.get("check")
+    if not check:
+        return []
+    if check.get("skipped"):
+        return ["Warning: the chosen prompt was not checked against random prompts: no held-out validation "
+                "examples were left after selection."]
+    mine, handed = check["prompts"][check["preferred"]], check["handed_over"]
+    accs = [r["accuracy"] for r in check["random"]]
+    lo, hi = mine["vs_median_interval"]
+    lines = [] if handed["beats_random"] else [f"Warning: {check['preferred']}'s pick is not better than the median "
+                                               f"random prompt. {handed['reason']}."]
+    lines += [
+        f"Check on {check['check_size']} held-out examples: {check['preferred']} "
+        f"{_acc_ci(mine['accuracy'], check['check_size'])}, above {mine['beats_random']:.0%} of {len(accs)} random "
+        f"prompts of the same size (median {check['random_median']:.3f}, range {min(accs):.3f}-{max(accs):.3f}); "
+        f"difference from the median random prompt {mine['vs_median']:+.3f} [{lo:+.3f}, {hi:+.3f}] (paired "
+        f"bootstrap, 95%); zero-shot {_acc_ci(check['prompts']['zero-shot']['accuracy'], check['check_size'])}.",
+        f"Handed over: {handed['name']}, test accuracy {_acc_ci(handed['test_accuracy'], check.get('test_size'))} "
+        f"(zero-shot {_acc_ci(check.get('zero_shot_test_accuracy'), check.get('test_size'))}).",
+    ]
+    return lines
+
+
 def _selection_md(selections: list[dict]) -> list[str]:
     if not selections:
         return ["No selection was run."]
     dense = any(s.get("dense_flops") is not None or s.get("dense_wall_seconds") is not None for s in selections)
-    header = ["Method", "Evaluator", "Test accuracy", "FLOPs", "Wall s", "Subsets"]
+    header = ["Method", "Evaluator", "Test accuracy [95% CI]", "Labels", "FLOPs", "Wall s", "Subsets"]
     header += ["Dense-evaluator FLOPs", "Dense-evaluator s", "FLOP saving"] if dense else []
     rows = []
     for s in selections:
-        acc, std = _fmt(s.get("test_accuracy")), s.get("test_accuracy_std")
-        row = [_cell(s.get("method")), _cell(s.get("evaluator")), acc + (f" ± {std:.3f}" if _is_num(std) else "")]
+        acc, std = _acc_ci(s.get("test_accuracy"), s.get("test_size")), s.get("test_accuracy_std")
+        labels = s.get("labels")
+        labels = " / ".join(f"{k} {v}" for k, v in labels.items()) if isinstance(labels, dict) else DASH
+        row = [_cell(s.get("method")), _cell(s.get("evaluator")), acc + (f" ± {std:.3f}" if _is_num(std) else ""),
+               labels]
         row += [format_flops(s.get("flops")), _fmt(s.get("wall_seconds"), ".2f"), _cell(s.get("subsets"))]
         if dense:
             row += [format_flops(s.get("dense_flops")), _fmt(s.get("dense_wall_seconds"), ".2f")]
@@ -133,6 +170,7 @@ def _selection_md(selections: list[dict]) -> list[str]:
 def _markdown(report: dict, plots: dict[str, str]) -> str:
     r = report
     lines = [f"# {_cell(r.get('model'))} on {_cell(r.get('task'))}, k={_cell(r.get('k'))}", ""]
+    lines += check_lines(r) + [""] if r.get("check") else []
     lines += [f"Seed {_cell(r.get('seed'))}.", "", "## Fidelity of the compressed cache", ""]
     lines += _fidelity_md(r.get("fidelity")) + ["", "## Demonstration selection", ""]
     lines += _selection_md(r.get("selections") or []) + ["", "## Plots", ""]

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from icl_ssm.data import assets
+from icl_ssm.data.splits import label_warning
 from icl_ssm.data.tasks import TASKS, HubUnavailableError, Task, get_task
 
 
@@ -36,7 +37,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("task", metavar="TASK", help="a task name, or a path to a .jsonl/.csv file")
     p.add_argument("--n", type=int, default=3, help="how many examples")
     p.add_argument("--seed", type=int, default=0, help="which examples (random draw)")
-    _add_option_flag(p)
+    add_task_option_flags(p)
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("fetch", help="download pinned assets into the cache (needs PyPI)")
@@ -47,7 +48,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _add_option_flag(p: argparse.ArgumentParser) -> None:
+def add_task_option_flags(p: argparse.ArgumentParser) -> None:
+    """``-o/--option KEY=VALUE`` (repeatable) and ``--skip-empty``; read them with :func:`task_options`."""
     p.add_argument(
         "-o",
         "--option",
@@ -57,6 +59,20 @@ def _add_option_flag(p: argparse.ArgumentParser) -> None:
         help="task option, repeatable (e.g. -o size=50, -o input_field=text, "
         "-o subjects=college_physics,college_biology)",
     )
+    p.add_argument(
+        "--skip-empty",
+        action="store_true",
+        help="a user file: skip rows whose text or label is empty (their lines are reported) "
+        "instead of refusing the file; the same as -o skip_empty=true",
+    )
+
+
+def task_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``get_task``'s options from :func:`add_task_option_flags`' flags."""
+    options = parse_options(args.option)
+    if getattr(args, "skip_empty", False):
+        options["skip_empty"] = True
+    return options
 
 
 def parse_options(pairs: list[str]) -> dict[str, Any]:
@@ -109,11 +125,14 @@ def _unavailable(err: Exception) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise ValueError(f"--n {args.n}: expected at least 1")
-    task: Task = get_task(args.task, **parse_options(args.option))
+    task: Task = get_task(args.task, **task_options(args))
     try:
         examples = task.examples()
     except (assets.AssetError, HubUnavailableError) as err:
         return _unavailable(err)
+    warning = label_warning(examples, task.labels) if task.kind == "classification" else None
+    for line in task.notes() + ([f"warning: {warning}"] if warning else []):
+        print(f"icl-ssm data: {line}", file=sys.stderr)
     rng = np.random.default_rng(args.seed)
     picks = sorted(rng.choice(len(examples), size=min(args.n, len(examples)), replace=False))
 

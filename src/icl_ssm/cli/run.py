@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from icl_ssm.pipeline import RunConfig, run_pipeline, say
+from icl_ssm.report import check_lines
 from icl_ssm.select.run import ORDERS
 
 
@@ -14,8 +15,9 @@ def _main(args: argparse.Namespace) -> int:
     cfg = RunConfig(**{f: getattr(args, f) for f in RunConfig.__dataclass_fields__})
     cfg.methods = tuple(cfg.methods)
     report = run_pipeline(cfg, args.out)
-    best = max(report["selections"], key=lambda r: r["test_accuracy"] or 0.0)
-    say(f"best test accuracy {best['test_accuracy']:.3f} ({best['method']}); report: {Path(args.out) / 'report.md'}")
+    for line in check_lines(report):
+        say(line)
+    say(f"prompt: {Path(args.out) / 'prompt.txt'}; report: {Path(args.out) / 'report.md'}")
     print(Path(args.out) / "report.md")
     return 0
 
@@ -54,6 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", nargs="+", default=list(d.methods), help="selection methods to compare")
     p.add_argument("--dense-evaluator", action=argparse.BooleanOptionalAction, default=d.dense_evaluator,
                    help="also run affinity on dense caches")
+    p.add_argument("--check-size", type=int, default=d.check_size,
+                   help="held-out validation examples every method's pick, zero-shot and the random prompts are "
+                        "checked on before a prompt is handed over")
+    p.add_argument("--random-prompts", type=int, default=d.random_prompts,
+                   help="random prompts of the same size the pick is checked against")
+    p.add_argument("--keep-selection", action="store_true",
+                   help="hand over the method's pick even when it does not beat the median random prompt")
     p.add_argument("--fidelity-subsets", type=int, default=d.fidelity_subsets)
     p.add_argument("--fidelity-queries", type=int, default=d.fidelity_queries)
     p.add_argument("--batch", type=int, default=d.batch, help="subsets encoded together")

@@ -70,7 +70,7 @@ def _main(args: argparse.Namespace) -> int:
     print(f"{cfg.method}: test accuracy {summary['test_accuracy']:.3f} with k={cfg.k} "
           f"({summary['flops'] / 1e12:.3g} TFLOP, {summary['wall_seconds']:.1f} s)"
           + (f"; written to {out}" if out else ""), file=sys.stderr)
-    for line in reliability_lines(summary) + lean_lines(summary):
+    for line in summary["notes"] + reliability_lines(summary) + lean_lines(summary):
         print(line, file=sys.stderr)
     for i in selection.indices:
         print(json.dumps({"id": pool[i].id, "label": pool[i].target, "text": pool[i].input[:100]}))

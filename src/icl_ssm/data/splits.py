@@ -104,9 +104,10 @@ def fit_split_sizes(
     if not shrunk and not raised and sizes.pool == pool_size:
         return sizes, None
     used = f"pool {sizes.pool}, validation {val}, test {test}"
-    queries = f" for {min_validation} validation queries" if raised else ""
+    queries = f" to serve {min_validation} queries" if raised else ""
     if shrunk:
-        kept = f", keeping a pool of {pool_floor} (k={k} + {pool_floor - k}) to choose from" if pool == pool_floor else ""
+        kept = (f", keeping a pool of {pool_floor} (k={k} + {pool_floor - k}) to choose from"
+                if pool == pool_floor else "")
         return sizes, (f"{name}: {n} distinct examples, too few for the splits asked (pool {pool_size}, validation "
                        f"{val_want}{queries}, test {test_want}); using {used}: shrunk in proportion{kept}")
     why = []
@@ -195,8 +196,9 @@ def split(
         pool_size, val_size, test_size = sizes
         if note is not None and rows > n:
             note += f" ({rows - n} of the {rows} examples repeat an earlier text and are dropped)"
-    test_size = min(500, n // 4) if test_size is None else positive_int(test_size, "test_size", 0)
-    val_size = min(100, n // 10) if val_size is None else positive_int(val_size, "val_size", 0)
+    test_size = min(MAX_TEST, n // TEST_SHARE) if test_size is None else positive_int(test_size, "test_size", 0)
+    val_size = (min(MAX_VALIDATION, n // VALIDATION_SHARE) if val_size is None
+                else positive_int(val_size, "val_size", 0))
     pool_size = positive_int(pool_size, "pool_size", 0)
     if test_size + val_size > n:
         raise ValueError(f"split: test_size={test_size} + val_size={val_size} exceeds the {n} distinct examples")
@@ -244,7 +246,8 @@ def label_warning(
     shown = ", ".join(f"{label!r} {count}" for label, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
     present = [label for label, count in counts.items() if count]
     if len(present) == 1:
-        return (f"all {n} examples have the label {present[0]!r} (label counts: {shown}): every prompt shows only "
+        every = f"all {n} examples have" if n > 1 else "the one example has"
+        return (f"{every} the label {present[0]!r} (label counts: {shown}): every prompt shows only "
                 "that answer, so there is nothing to select between labels; check the label field, or add examples "
                 "of the other labels")
     rare = sorted(label for label, count in counts.items() if count < minority * n)

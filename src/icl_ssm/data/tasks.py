@@ -78,6 +78,11 @@ class Task:
         """Number of examples if known without downloading anything, else None."""
         return None
 
+    def notes(self) -> list[str]:
+        """What the user should know about how the data was read (e.g. rows skipped), one
+        line each; empty by default."""
+        return []
+
     def group(self, example: Example) -> str:
         """Stratum for :func:`split` (MMLU: the subject); one stratum by default."""
         return ""

@@ -254,3 +254,16 @@ def finite_or_none(value: float | Tensor) -> float | None:
     """A finite float for JSON, None for NaN (e.g. a correlation with a constant side)."""
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``successes / n`` (an accuracy over ``n`` examples)."""
+    if n < 1 or not 0 <= successes <= n:
+        raise ValueError(f"successes={successes}, n={n}: expected 0 <= successes <= n and n >= 1")
+    from scipy.stats import norm
+
+    z = float(norm.ppf((1 + level) / 2))
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)

@@ -13,7 +13,8 @@ module takes ``(model, tokenizer)`` as arguments. Accepted names:
     in-process :func:`tiny_tokenizer`: for smoke runs and tests, never a download.
 
 * a local directory written by ``save_pretrained`` (or a local ``.gguf`` file, converted into
-  the cache the same way as the embedded GGUF);
+  the cache the same way as the embedded GGUF, once :func:`check_gguf` has read from its
+  metadata alone that the model can be served);
 * anything shaped like ``org/name`` is a Hugging Face hub id (Qwen2.5-1.5B/3B/7B-Instruct and
   Llama-3.1-8B-Instruct are the paper's models), loaded with ``from_pretrained``.
 
@@ -53,6 +54,11 @@ from icl_ssm.lm.tiny import tiny_model, tiny_tokenizer
 
 class UnsupportedModelError(ValueError):
     """The model's architecture cannot be served by the KV-cache compressor."""
+
+
+# the end of every refusal: what the compressor can serve
+SERVED = ("The KV compressor needs a decoder-only causal LM whose every layer is full attention over a KV "
+          "cache (e.g. Llama, Qwen2, SmolLM2).")
 
 
 @dataclass(frozen=True)
@@ -219,7 +225,7 @@ def embedded_model_dir(
     if is_converted(target):
         return target
     gguf_path = (fetch or assets.fetch)(spec.asset)
-    return convert_gguf(gguf_path, target, loader=loader)
+    return convert_gguf(gguf_path, target, loader=loader, check=False)  # a pinned file, known to be served
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -327,6 +333,7 @@ def convert_gguf(
     target: str | os.PathLike[str],
     *,
     loader: GgufLoader | None = None,
+    check: bool = True,
 ) -> Path:
     """Dequantise ``gguf_path`` once into ``target`` (safetensors + config + tokenizer).
 
@@ -336,11 +343,15 @@ def convert_gguf(
     temporary directories left by a killed process are removed by the next conversion.
 
     ``loader`` (default :func:`load_gguf`) turns the file into ``(model, tokenizer)``; tests
-    swap in a tiny model.
+    swap in a tiny model. Before it runs, :func:`check_gguf` refuses a model that cannot be
+    served (:class:`UnsupportedModelError`) or a file that is not GGUF (ValueError);
+    ``check=False`` skips that for a file known to be served (an embedded model).
     """
     gguf_path, target = Path(gguf_path), Path(target)
     if is_converted(target):
         return target
+    if check:  # seconds, from the metadata, instead of a refusal after minutes of conversion
+        check_gguf(gguf_path)
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target.with_name(target.name + ".lock")), timeout=LOCK_TIMEOUT_S):
         if is_converted(target):  # another process finished while we waited for the lock
@@ -453,10 +464,7 @@ def check_supported(model_or_config: PreTrainedModel | PretrainedConfig) -> None
     what = f"model type {model_type!r}"
 
     def refuse(reason: str) -> UnsupportedModelError:
-        return UnsupportedModelError(
-            f"{what} is not supported: {reason}. The KV compressor needs a decoder-only causal "
-            "LM whose every layer is full attention over a KV cache (e.g. Llama, Qwen2, SmolLM2)."
-        )
+        return UnsupportedModelError(f"{what} is not supported: {reason}. {SERVED}")
 
     if getattr(config, "is_encoder_decoder", False):
         raise refuse("it is an encoder-decoder model (config.is_encoder_decoder=True)")
@@ -500,6 +508,80 @@ def check_supported(model_or_config: PreTrainedModel | PretrainedConfig) -> None
                 f"{type(model_or_config).__name__} has no language-model head; "
                 "load it with AutoModelForCausalLM"
             )
+
+
+def gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The scalar and string key-value metadata of a GGUF file (arrays such as the vocabulary
+    are left out), e.g. ``{"general.architecture": "llama", "llama.context_length": 8192}``.
+
+    Reads no tensor. Raises ValueError naming the file when it is not a readable GGUF file.
+    """
+    from gguf import GGUFReader, GGUFValueType
+
+    path = Path(path)
+    try:
+        reader = GGUFReader(path)
+    except Exception as err:  # noqa: BLE001 - any parse failure means the same to the user
+        raise ValueError(f"{path}: not a readable GGUF file ({type(err).__name__}: {err}); expected a "
+                         "model file written by llama.cpp or gguf-py") from None
+    metadata: dict[str, Any] = {}
+    for key, entry in reader.fields.items():
+        if not entry.types or not entry.data or entry.types[0] == GGUFValueType.ARRAY:
+            continue
+        part = entry.parts[entry.data[0]]
+        if entry.types[0] == GGUFValueType.STRING:
+            metadata[key] = bytes(part).decode("utf-8", errors="replace")
+        else:
+            metadata[key] = part[0].item()
+    return metadata
+
+
+def check_gguf(path: str | os.PathLike[str]) -> PretrainedConfig:
+    """Refuse, from its metadata alone, a GGUF file whose model the KV compressor cannot serve.
+
+    Reads no tensor, so it takes seconds where a conversion (:func:`convert_gguf`) takes
+    minutes. Refused, as :class:`UnsupportedModelError` naming the file and its
+    ``general.architecture``: a sliding window (``<arch>.attention.sliding_window`` below
+    ``<arch>.context_length``), an architecture transformers cannot load from GGUF, and
+    whatever :func:`check_supported` refuses in the config transformers reads from the file.
+    Returns that config.
+    """
+    path = Path(path)
+    metadata = gguf_metadata(path)
+    arch = metadata.get("general.architecture")
+    if not arch:
+        raise ValueError(f"{path}: the GGUF metadata has no general.architecture; expected a model file "
+                         "written by llama.cpp or gguf-py")
+    where = f"GGUF file {str(path)!r} (architecture {arch!r})"
+    window = metadata.get(f"{arch}.attention.sliding_window")
+    context = metadata.get(f"{arch}.context_length")
+    if window and (context is None or window < context):
+        raise UnsupportedModelError(
+            f"{where} is not supported: it uses sliding-window attention ({arch}.attention.sliding_window={window}, "
+            f"{arch}.context_length={context}). {SERVED}"
+        )
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    except ValueError as err:
+        import transformers
+
+        raise UnsupportedModelError(
+            f"{where} is not supported: transformers {transformers.__version__} cannot load it from GGUF ({err}); "
+            f"architectures it loads: {', '.join(_gguf_architectures()) or 'unknown'}. {SERVED}"
+        ) from None
+    try:
+        check_supported(config)
+    except UnsupportedModelError as err:
+        raise UnsupportedModelError(f"{where}: {err}") from None
+    return config
+
+
+def _gguf_architectures() -> list[str]:
+    try:
+        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    except ImportError:  # the list moved: the refusal still names the architecture
+        return []
+    return [a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer")]
 
 
 def _causal_lm_class(config: PretrainedConfig) -> type | None:

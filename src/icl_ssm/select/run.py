@@ -24,7 +24,7 @@ import numpy as np
 from icl_ssm import atomic
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.compress.pretrained import find_pretrained
-from icl_ssm.data.splits import DEFAULT_POOL_SIZE, Splits, split
+from icl_ssm.data.splits import DEFAULT_POOL_SIZE, Splits, label_warning, split
 from icl_ssm.data.tasks import Example, get_task
 from icl_ssm.evaluate.answers import LOSSES
 from icl_ssm.lm.models import DEFAULT_MODEL
@@ -132,11 +132,13 @@ def select_demonstrations(
     """
     cfg.check()
     task = get_task(cfg.task)
-    splits = splits or split(task, pool_size=cfg.pool_size, seed=cfg.seed)
-    if cfg.queries > len(splits.validation):
+    if splits is None:  # a file too small for the default sizes gets splits sized to it (splits.note says so)
+        splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k, min_val_size=cfg.queries)
+    elif cfg.queries > len(splits.validation):
         raise ValueError(f"--queries {cfg.queries}: task {task.name!r} has only {len(splits.validation)} "
                          "validation examples; ask for at most that many")
     validation, test = splits.validation[: cfg.queries], splits.test[: cfg.test_size]
+    notes = [n for n in (splits.note, *task.notes(), label_warning(splits.pool, task.labels if task.kind == "classification" else ())) if n]
     builder = PromptBuilder.for_model(model, tokenizer, task, chat=cfg.chat)
     selector = make_selector(cfg, model, builder, compressor, progress)
     check_selection_inputs(splits.pool, validation, cfg.k)
@@ -164,7 +166,7 @@ def select_demonstrations(
     result = evaluate_selection(model, builder, selection.examples(splits.pool), test, loss=cfg.loss,
                                   query_batch=cfg.query_batch)
     summary = {
-        "method": cfg.method, "k": cfg.k, "indices": selection.indices,
+        "method": cfg.method, "k": cfg.k, "indices": selection.indices, "notes": notes,
         "ids": [splits.pool[i].id for i in selection.indices],
         "test_accuracy": result["accuracy"], "test_loss": result["loss"],
         "flops": selection.cost.flops, "wall_seconds": wall, "subsets": selection.subsets or None,
