@@ -84,3 +84,56 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     fake.write_text("def f():\n    from icl_ssm.select.run import SelectConfig\n")
     assert (2, "icl_ssm.select.run") in imported_modules(fake)
     assert layer("icl_ssm.select.run") > layer("icl_ssm.lm.prompts")
+
+
+def test_the_adding_a_selector_example_registers_a_working_method():
+    """docs/adding-a-selector.md's worked example: one file, one registration, and the method
+    is found by name and selects."""
+    import re
+
+    import numpy as np
+
+    from icl_ssm.data.tasks import get_task
+    from icl_ssm.select.base import SELECTORS
+
+    doc = (SRC.parent / "docs" / "adding-a-selector.md").read_text()
+    code = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    try:
+        exec(compile(code, "adding-a-selector.md", "exec"), {})
+        pool = get_task("coin_flip", size=30).examples()[:20]
+        selector = SELECTORS["longest"].from_config(None, None, None)
+        chosen = selector.select(pool, pool[:2], 3, np.random.default_rng(0))
+        longest = sorted(range(len(pool)), key=lambda i: len(pool[i].input))[-3:]
+        assert sorted(chosen.indices) == sorted(longest)
+    finally:
+        SELECTORS.pop("longest", None)
+
+
+def commands_in_docs() -> list[str]:
+    """Every ``icl-ssm ...`` command line inside a code block of the README and docs/ pages."""
+    import re
+    import shlex
+
+    root = SRC.parent
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    found = []
+    for page in pages:
+        for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", page.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.split(" #")[0].strip()
+                if line.startswith("icl-ssm ") and "..." not in line:  # not an elided example
+                    found.append((page.name, shlex.split(line)[1:]))
+    return found
+
+
+@pytest.mark.parametrize("page, argv", commands_in_docs(), ids=lambda x: x if isinstance(x, str) else " ".join(x))
+def test_every_command_in_the_docs_parses(page, argv):
+    """A command shown to a user is a command the CLI accepts (flags and choices)."""
+    from icl_ssm.cli import build_parser
+
+    if argv[0].endswith(":") or argv[-1] in ("--help", "-h"):  # a printed error message, or help
+        return
+    try:
+        build_parser().parse_args(argv)
+    except SystemExit as exit_:
+        pytest.fail(f"{page}: icl-ssm {' '.join(argv)} does not parse ({exit_})")
