@@ -1,0 +1,264 @@
+"""The synthetic regression study: clustered Garg data and the in-context regression teacher.
+
+Tiny settings only (a few thousand parameters, a few hundred steps): the suite runs in seconds.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from icl_ssm.data.regression import RegressionTask
+from icl_ssm.lm.hf import kv_from_cache
+from icl_ssm.lm.regression import (
+    RegressionTeacher,
+    RegressionTeacherConfig,
+    curriculum,
+    evaluate_teacher,
+    least_squares_predictions,
+    load_teacher,
+    prompt_loss,
+    prompt_values,
+    ridge_predictions,
+    teacher_predictions,
+    train_teacher,
+)
+
+
+def tiny_config(**overrides) -> RegressionTeacherConfig:
+    fields = dict(n_dims=4, max_pairs=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2)
+    return RegressionTeacherConfig(**{**fields, **overrides})
+
+
+def tiny_teacher(seed: int = 0, **overrides) -> RegressionTeacher:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return RegressionTeacher(tiny_config(**overrides)).eval()
+
+
+# ---------------------------------------------------------------------------------------
+# data
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("function_class", ["linear", "relu"])
+def test_same_seed_same_data(function_class):
+    task = RegressionTask(function_class, d=6, clusters=3, seed=7, relu_hidden=10)
+    again = RegressionTask(function_class, d=6, clusters=3, seed=7, relu_hidden=10)
+    a = task.sample_selection(np.random.default_rng(1), 30, 0.5, 5, 6, query_cluster=2)
+    b = again.sample_selection(np.random.default_rng(1), 30, 0.5, 5, 6, query_cluster=2)
+    for field in ("pool_x", "pool_y", "pool_cluster", "valid_x", "valid_y", "test_x", "test_y"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+    xa, ya = task.sample_prompts(np.random.default_rng(2), 3, 5)
+    xb, yb = again.sample_prompts(np.random.default_rng(2), 3, 5)
+    np.testing.assert_array_equal(xa, xb)
+    np.testing.assert_array_equal(ya, yb)
+    # another task seed: other cluster functions on the same inputs
+    other = RegressionTask(function_class, d=6, clusters=3, seed=8, relu_hidden=10)
+    assert not np.allclose(task.target(a.pool_x, 0), other.target(a.pool_x, 0))
+
+
+def test_linear_anchors_orthonormal():
+    task = RegressionTask("linear", d=20, clusters=5, seed=3)
+    beta = task.anchors.beta
+    assert beta.shape == (5, 20)
+    np.testing.assert_allclose(beta @ beta.T, np.eye(5), atol=1e-5)
+
+
+def test_targets_are_the_anchor_functions():
+    task = RegressionTask("linear", d=5, clusters=2, sigma=0.0)
+    x, y = task.sample_points(np.random.default_rng(0), 1, n=7)
+    np.testing.assert_allclose(y, x @ task.anchors.beta[1], rtol=1e-5, atol=1e-6)
+    relu = RegressionTask("relu", d=5, clusters=2, sigma=0.0, relu_hidden=8)
+    a = relu.anchors
+    expected = a.scale * np.maximum(x @ a.w1[0], 0) @ a.w2[0]
+    np.testing.assert_allclose(relu.target(x, 0), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3, 0.75, 1.0])
+def test_selection_split_honours_d1_share(share):
+    task = RegressionTask("linear", d=8, clusters=4)
+    split = task.sample_selection(np.random.default_rng(0), 40, share, n_valid=5, n_test=9, query_cluster=1)
+    assert split.pool_x.shape == (40, 8) and split.pool_y.shape == (40,) and split.pool_cluster.shape == (40,)
+    assert split.valid_x.shape == (5, 8) and split.test_x.shape == (9, 8) and split.test_y.shape == (9,)
+    assert split.pool_is_d1.sum() == round(share * 40)
+    assert set(split.pool_cluster[~split.pool_is_d1]) <= {0, 2, 3}
+    # queries come from D1: noiseless targets of cluster 1 explain them up to the noise
+    resid = split.test_y - task.target(split.test_x, 1)
+    assert np.abs(resid).max() < 6 * task.sigma
+
+
+def test_d1_candidates_are_spread_over_the_pool():
+    task = RegressionTask("linear", d=8, clusters=4)
+    split = task.sample_selection(np.random.default_rng(0), 200, 0.5, n_valid=1, n_test=1)
+    first_half = split.pool_is_d1[:100].sum()
+    assert 30 < first_half < 70  # shuffled, not D1 first
+
+
+def test_prompts_shapes_and_curriculum_dims():
+    task = RegressionTask("linear", d=6, sigma=0.0)
+    xs, ys = task.sample_prompts(np.random.default_rng(0), 4, 9, dims=3)
+    assert xs.shape == (4, 9, 6) and ys.shape == (4, 9) and xs.dtype == np.float32
+    active = (xs != 0).any(axis=1)  # (4, 6): the coordinates each prompt uses
+    assert (active.sum(1) == 3).all() and len({tuple(a) for a in active}) > 1  # a random subset per prompt
+    assert ((xs != 0) == active[:, None]).all()
+    # each prompt is one linear function: 3 pairs in its 3 active dims determine the rest
+    x0 = xs[0][:, active[0]]
+    beta = np.linalg.lstsq(x0[:3], ys[0, :3], rcond=None)[0]
+    np.testing.assert_allclose(x0[3:] @ beta, ys[0, 3:], atol=1e-4)
+
+
+def test_task_errors_name_the_input():
+    with pytest.raises(ValueError, match="function_class must be one of"):
+        RegressionTask("cubic")
+    with pytest.raises(ValueError, match="clusters=30 orthogonal anchors"):
+        RegressionTask("linear", d=20, clusters=30)
+    with pytest.raises(ValueError, match="d1_share must lie in"):
+        RegressionTask().sample_selection(np.random.default_rng(0), 10, 1.5, 1, 1)
+    with pytest.raises(ValueError, match="x must be an"):
+        RegressionTask(d=4).target(np.zeros((3, 5)), 0)
+
+
+# ---------------------------------------------------------------------------------------
+# teacher
+# ---------------------------------------------------------------------------------------
+
+
+def test_prompt_values_interleave_x_and_y_tokens():
+    xs = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
+    ys = np.array([[10.0, 20.0, 30.0]], dtype=np.float32)
+    v = prompt_values(xs, ys)
+    assert v.shape == (1, 6, 5)
+    np.testing.assert_array_equal(v[0, 0::2, :4], xs[0])
+    assert (v[0, 0::2, 4] == 0).all() and (v[0, 1::2, :4] == 0).all()
+    np.testing.assert_array_equal(v[0, 1::2, 4], ys[0])
+    assert prompt_values(xs).shape == (1, 3, 5)
+
+
+def test_cached_forward_equals_full_forward():
+    model = tiny_teacher()
+    xs, ys = RegressionTask(d=4).sample_prompts(np.random.default_rng(0), 3, 9)
+    values = prompt_values(xs, ys)  # (3, 18, 5)
+    with torch.no_grad():
+        full = model(values=values).predictions  # (3, 18)
+        prefix = model(values=values[:, :11], use_cache=True)  # demonstrations, prefilled once
+        rest = model(values=values[:, 11:], cache=prefix.cache, use_cache=True)
+    assert kv_from_cache(prefix.cache)[0][0].shape[2] == 18  # extended in place by the second call
+    torch.testing.assert_close(torch.cat([prefix.predictions, rest.predictions], 1), full, atol=1e-5, rtol=0)
+
+
+def test_one_prefix_serves_each_query_alone():
+    """Prefill the demonstrations, then each query x token appended through the cache gives the
+    prediction that the full prompt gives at that query."""
+    model = tiny_teacher()
+    task = RegressionTask(d=4)
+    rng = np.random.default_rng(1)
+    xs, ys = task.sample_prompts(rng, 1, 5)
+    queries = rng.standard_normal((3, 4)).astype(np.float32)
+    with torch.no_grad():
+        prefix = model(values=prompt_values(xs, ys), use_cache=True)
+        cached = []
+        for q in queries:
+            cache = copy.deepcopy(prefix.cache)  # a forward extends its cache in place
+            cached.append(model(values=prompt_values(q[None, None]), cache=cache, use_cache=True).predictions[0, 0])
+        full = [model(values=prompt_values(np.concatenate([xs, q[None, None]], 1),
+                                           np.concatenate([ys, [[0.0]]], 1).astype(np.float32))).predictions[0, -2]
+                for q in queries]
+    torch.testing.assert_close(torch.stack(cached), torch.stack(full), atol=1e-5, rtol=0)
+
+
+def test_input_embeddings_are_the_read_in():
+    model = tiny_teacher()
+    values = prompt_values(*RegressionTask(d=4).sample_prompts(np.random.default_rng(0), 2, 3))
+    assert model.get_input_embeddings() is model.read_in
+    with torch.no_grad():
+        a = model(values=values).predictions
+        b = model(inputs_embeds=model.get_input_embeddings()(values)).predictions
+    torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="exactly one of values"):
+        model(values=values, inputs_embeds=model.read_in(values))
+    with pytest.raises(ValueError, match=r"values must be \(batch, T, 5\)"):
+        model(values=values[..., :4])
+
+
+def test_reference_predictors():
+    task = RegressionTask(d=3, clusters=2, sigma=0.0)
+    xs, ys = task.sample_prompts(np.random.default_rng(0), 2, 6)
+    ls = least_squares_predictions(xs, ys)
+    assert ls.shape == (2, 6) and (ls[:, 0] == 0).all()
+    np.testing.assert_allclose(ls[:, 3:], ys[:, 3:], atol=1e-4)  # noiseless: d pairs pin beta
+    np.testing.assert_allclose(ridge_predictions(xs, ys, 1e-9), ls, atol=1e-4)
+
+
+def test_curriculum_grows_to_full_size():
+    stages = [curriculum(s, 1000, 20, 41) for s in range(0, 1000, 10)]
+    assert stages[0] == (5, 11) and stages[-1] == (20, 41) and curriculum(500, 1000, 20, 41) == (20, 41)
+    assert all(a <= b for (a, _), (b, _) in zip(stages, stages[1:]))
+    assert curriculum(0, 10, 3, 4) == (3, 4)  # smaller than the start: full size at once
+
+
+def test_train_reduces_loss_and_round_trips(tmp_path):
+    torch.set_num_threads(1)
+    task = RegressionTask("linear", d=2, clusters=2, sigma=0.1)
+    config = tiny_config(n_dims=2, max_pairs=6, hidden_size=64, intermediate_size=128, num_key_value_heads=4)
+    xs, ys = task.sample_prompts(np.random.default_rng(99), 256, 7)
+    xs, ys = torch.from_numpy(xs), torch.from_numpy(ys)
+    with torch.no_grad():
+        before = prompt_loss(tiny_teacher(n_dims=2, max_pairs=6, hidden_size=64, intermediate_size=128,
+                                          num_key_value_heads=4), xs, ys).item()
+    out = train_teacher(config, task, tmp_path / "teacher", steps=300, batch=32, lr=1e-3, seed=0, warmup=20,
+                        use_curriculum=False)
+    model = load_teacher(out)
+    with torch.no_grad():
+        after = prompt_loss(model, xs, ys).item()
+    # the zero predictor scores about 1.01 here: only a teacher that reads its demonstrations
+    # gets well below it
+    assert after < 0.85 * min(before, 1.0)
+    record = json.loads((out / "training.json").read_text())
+    assert record["recipe"]["steps"] == 300 and record["final_loss"] < record["history"][0]["loss"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["teacher"]  # no temporary directory left
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {f.name: f.stat().st_mode & 0o777 for f in out.iterdir()} == dict.fromkeys(
+        ["config.json", "model.safetensors", "training.json"], 0o666 & ~mask)  # as open() would make them
+
+    # a second run into the same directory replaces the first as a whole
+    again = train_teacher(config, task, out, steps=2, batch=4, lr=1e-3, seed=1, use_curriculum=False)
+    assert json.loads((again / "training.json").read_text())["recipe"]["steps"] == 2
+    with torch.no_grad():
+        assert not torch.allclose(load_teacher(again)(values=prompt_values(xs, ys)).predictions,
+                                  model(values=prompt_values(xs, ys)).predictions)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["teacher"]
+
+
+def test_save_load_round_trip(tmp_path):
+    model = tiny_teacher(seed=3)
+    model.save_pretrained(tmp_path / "t")
+    loaded = load_teacher(tmp_path / "t")
+    drop = {"_name_or_path"}
+    assert {k: v for k, v in loaded.config.to_dict().items() if k not in drop} == \
+        {k: v for k, v in model.config.to_dict().items() if k not in drop}
+    values = prompt_values(*RegressionTask(d=4).sample_prompts(np.random.default_rng(0), 2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(values=values).predictions, model(values=values).predictions, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="has no model.safetensors"):
+        (tmp_path / "empty").mkdir()
+        (tmp_path / "empty" / "config.json").write_text("{}")
+        load_teacher(tmp_path / "empty")
+
+
+def test_evaluate_teacher_rows():
+    model = tiny_teacher()
+    task = RegressionTask("linear", d=4, clusters=3)
+    result = evaluate_teacher(model, task, np.random.default_rng(0), n_prompts=8, mixed_ks=(4,), d1_shares=(1.0, 0.5))
+    assert [row["k"] for row in result["by_k"]] == list(range(9))
+    assert set(result["by_k"][0]) == {"k", "teacher", "least_squares", "ridge", "zero"}
+    assert [(row["k"], row["d1_share"]) for row in result["mixed"]] == [(4, 1.0), (4, 0.5)]
+    preds = teacher_predictions(model, *task.sample_prompts(np.random.default_rng(0), 3, 5))
+    assert preds.shape == (3, 5)
