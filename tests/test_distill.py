@@ -302,7 +302,8 @@ def test_resumed_throughput_counts_only_the_steps_run_since_the_resume(tmp_cache
     run = tmp_path / "run"
     assert main(["distill", *SMALL, "--out", str(run), "--stop-after", "5"]) == 0  # checkpoint at step 4
     clock = iter(range(1000))  # one tick per reading: t0, then one reading per step
-    monkeypatch.setattr(distill_train, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: float(next(clock)))}))
+    fake_time = type("Clock", (), {"perf_counter": staticmethod(lambda: float(next(clock)))})
+    monkeypatch.setattr(distill_train, "time", fake_time)
     capsys.readouterr()
     assert main(["distill", *SMALL, "--out", str(run), "--resume"]) == 0
     rates = re.findall(r"step (\d+)/\d+ .*\| ([\d.]+) steps/s", capsys.readouterr().err)

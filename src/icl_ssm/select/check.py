@@ -66,17 +66,17 @@ def check_prompts(model: Any, builder: PromptBuilder, pool: Sequence[Example], c
 
     randoms = [score(ix) for ix in random_prompts(len(pool), k, random_count, rng)]
     accs = np.array([r["accuracy"] for r in randoms])
-    grid = np.array([r["correct"] for r in randoms])  # (R, n)
-    median_row = grid[int(np.argsort(accs)[len(accs) // 2])]  # the median random prompt, per example
+    median = int(np.argsort(accs, kind="stable")[len(accs) // 2])  # the (upper) median random prompt
+    median_row, median_acc = np.asarray(randoms[median]["correct"]), float(accs[median])
     prompts: dict[str, dict[str, Any]] = {}
     for name, indices in {**candidates, ZERO_SHOT: []}.items():
         row = score(indices)
         correct = np.asarray(row["correct"])
         row["beats_random"] = float((row["accuracy"] > accs).mean())
-        row["vs_median"] = float(row["accuracy"] - np.median(accs))
+        row["vs_median"] = float(row["accuracy"] - median_acc)  # the mean of the paired differences below
         row["vs_median_interval"] = list(paired_bootstrap(correct - median_row, rng))
         prompts[name] = row
-    return {"check_size": len(check), "random": randoms, "random_median": float(np.median(accs)),
+    return {"check_size": len(check), "random": randoms, "random_median": median_acc,
             "random_interval": [float(accs.min()), float(accs.max())], "prompts": prompts}
 
 

@@ -138,7 +138,8 @@ def select_demonstrations(
         raise ValueError(f"--queries {cfg.queries}: task {task.name!r} has only {len(splits.validation)} "
                          "validation examples; ask for at most that many")
     validation, test = splits.validation[: cfg.queries], splits.test[: cfg.test_size]
-    notes = [n for n in (splits.note, *task.notes(), label_warning(splits.pool, task.labels if task.kind == "classification" else ())) if n]
+    task_labels = task.labels if task.kind == "classification" else ()
+    notes = [n for n in (splits.note, *task.notes(), label_warning(splits.pool, task_labels)) if n]
     builder = PromptBuilder.for_model(model, tokenizer, task, chat=cfg.chat)
     selector = make_selector(cfg, model, builder, compressor, progress)
     check_selection_inputs(splits.pool, validation, cfg.k)
