@@ -208,3 +208,24 @@ def test_data_show_skip_empty_and_warnings(tmp_path, capsys):
     one = write_jsonl(tmp_path / "one.jsonl", [{"text": f"t{i}", "label": "pos"} for i in range(5)])
     code, out = run_data(["show", str(one)], capsys)
     assert code == 0 and "icl-ssm data: warning: all 5 examples have the label 'pos'" in out.err
+
+
+def test_select_and_distill_take_the_task_options(tmp_path, capsys):
+    """`--skip-empty` and `-o` reach the task in every subcommand that loads one."""
+    from icl_ssm.cli import build_parser, main
+    from icl_ssm.cli.distill import config_from_args
+
+    rows = [{"text": f"review {i}: it was {'great' if i % 2 else 'dull'}", "label": "pos" if i % 2 else "neg"}
+            for i in range(40)] + [{"text": "", "label": "pos"}]
+    path = write_jsonl(tmp_path / "messy.jsonl", rows)
+    argv = ["select", "--model", "tiny-llama", "--task", str(path), "--method", "random", "--k", "2",
+            "--queries", "2", "--test-size", "4"]
+    assert main(argv) == 2
+    assert "line 41: field 'text' is ''" in capsys.readouterr().err
+    assert main([*argv, "--skip-empty"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 2  # the two chosen demonstrations
+    args = build_parser().parse_args(["distill", "--task", str(path), "a", "--skip-empty", "-o", "label_field=y"])
+    assert config_from_args(args).task_options == {name: {"skip_empty": True, "label_field": "y"}
+                                                   for name in (str(path), "a")}
+    args = build_parser().parse_args(["run", "--task", str(path), "--skip-empty"])
+    assert args.option == [] and args.skip_empty

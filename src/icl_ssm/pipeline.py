@@ -19,7 +19,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,7 @@ class RunConfig:
     fidelity_queries: int = 4
     batch: int = 8
     query_batch: int = 32
+    task_options: dict[str, Any] = field(default_factory=dict)  # get_task's options (-o KEY=VALUE, --skip-empty)
 
     def check(self) -> None:
         unknown = [m for m in self.methods if m not in SELECTORS]
@@ -165,7 +166,8 @@ def resolve_compressor(cfg: RunConfig, out: Path, stages: Stages) -> dict:
     dcfg = DistillConfig(model=cfg.model, tasks=(cfg.task,), k=cfg.k, samples=cfg.distill_samples,
                          seed=cfg.seed, state_size=cfg.state_size, num_virtual=cfg.num_virtual,
                          num_sink=cfg.num_sink, latent_size=cfg.latent_size, num_recent=cfg.num_recent,
-                         gate=cfg.gate, stage1_epochs=cfg.distill_epochs, stage2_epochs=cfg.distill_epochs)
+                         gate=cfg.gate, stage1_epochs=cfg.distill_epochs, stage2_epochs=cfg.distill_epochs,
+                         task_options={cfg.task: cfg.task_options} if cfg.task_options else {})
     key = _key(asdict(dcfg))
     done = stages.get("compressor", key)
     if done is not None and (Path(done["compressor"]) / "model.safetensors").exists():
@@ -181,7 +183,7 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
     """All stages; returns the report dict (also written to ``OUT/report.json``)."""
     cfg.check()
     out = atomic.prepare_dir(out)
-    task = get_task(cfg.task)
+    task = get_task(cfg.task, **cfg.task_options)
     splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k, min_val_size=cfg.queries)
     for note in (splits.note, *task.notes(), label_warning(splits.pool, task.labels if task.kind == "classification"
                                                                   else ())):
@@ -196,7 +198,8 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
 
     fcfg = FidelityConfig(model=cfg.model, task=cfg.task, k=cfg.k, compressor=comp["compressor"],
                           control=comp.get("control"), subsets=cfg.fidelity_subsets, queries=cfg.fidelity_queries,
-                          seed=cfg.seed, batch=cfg.batch, query_batch=cfg.query_batch)
+                          seed=cfg.seed, batch=cfg.batch, query_batch=cfg.query_batch,
+                          task_options=cfg.task_options)
     key = _key([asdict(fcfg), comp])
     fidelity = stages.get("fidelity", key)
     if fidelity is None:
@@ -211,7 +214,7 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
     base = SelectConfig(model=cfg.model, task=cfg.task, k=cfg.k, compressor=comp["compressor"],
                         estimator=cfg.estimator, subsets=cfg.subsets, queries=cfg.queries, test_size=cfg.test_size,
                         pool_size=cfg.pool_size, seed=cfg.seed, batch=cfg.batch, query_batch=cfg.query_batch,
-                        per_label=cfg.per_label, order=cfg.order)
+                        per_label=cfg.per_label, order=cfg.order, task_options=cfg.task_options)
     runs = [(m, replace(base, method=m, stratify=cfg.stratify and m == "affinity")) for m in cfg.methods]
     if cfg.dense_evaluator and "affinity" in cfg.methods:
         runs.insert(1, ("affinity-dense", replace(base, method="affinity", evaluator="dense", stratify=cfg.stratify)))
@@ -243,7 +246,7 @@ def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], spl
     if done is not None:
         say("check: done before, skipped")
         return done
-    builder = PromptBuilder.for_model(model, tokenizer, get_task(cfg.task))
+    builder = PromptBuilder.for_model(model, tokenizer, get_task(cfg.task, **cfg.task_options))
     test = splits.test[: cfg.test_size]
     zero = evaluate_selection(model, builder, [], test, query_batch=cfg.query_batch)["accuracy"]
     held_out = splits.validation[cfg.queries: cfg.queries + cfg.check_size]
@@ -280,7 +283,7 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selecti
     scores = chosen.get("scores") if handed["indices"] == chosen["indices"] else None
     scores = scores or [None] * len(pool)
     atomic.write_jsonl(out / "selected.jsonl", selected_rows(pool, handed["indices"], scores))
-    builder = PromptBuilder.for_model(model, tokenizer, get_task(cfg.task))
+    builder = PromptBuilder.for_model(model, tokenizer, get_task(cfg.task, **cfg.task_options))
     atomic.write_text(out / "prompt.txt", builder.build_prefix([pool[i] for i in handed["indices"]]).text)
     dense = selections.get("affinity-dense")
     rows = []

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import torch
 
+from icl_ssm.cli.options import add_target, task_options
 from icl_ssm.compress.cache import compressed_cache, exact_cache, forward_with_prefix
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load_compressor
 from icl_ssm.cost import measure, peak_rss
 from icl_ssm.data.splits import check_k, split
 from icl_ssm.data.tasks import Example, get_task
-from icl_ssm.lm.models import DEFAULT_MODEL, load_model, model_info
+from icl_ssm.lm.models import load_model, model_info
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.scoring import generate_answers, predict_labels
 
@@ -74,11 +75,11 @@ def run_compress(args: argparse.Namespace) -> dict:
     info = model_info(model)
     if args.demos is not None:
         demos = read_demos(args.demos)
-        task = get_task(args.task) if args.task else get_task(
+        task = get_task(args.task, **task_options(args)) if args.task else get_task(
             args.demos, input_field="input", label_field="target",
             kind="classification" if len({d.target for d in demos}) <= 10 else "generative")
     else:
-        task = get_task(args.task)
+        task = get_task(args.task, **task_options(args))
         splits = split(task, seed=args.seed)
         check_k(splits.pool, args.k)
         rng = torch.Generator().manual_seed(args.seed)
@@ -174,10 +175,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="answer a query from a compressed cache and from the dense prompt, side by side",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, hub id or local directory")
+    add_target(p, task_help="take demonstrations from this task's pool (or format --demos with it)",
+               k_help="demonstrations drawn from --task's pool")
     p.add_argument("--demos", help='JSONL file, one {"input": ..., "target": ...} per line')
-    p.add_argument("--task", help="take demonstrations from this task's pool (or format --demos with it)")
-    p.add_argument("--k", type=int, default=8, help="demonstrations drawn from --task's pool")
     p.add_argument("--query", help="the query text (default with --task: its first test example)")
     p.add_argument("--compressor", help="directory of a trained compressor (default: an untrained one)")
     p.add_argument("--exact", action="store_true", help="put the teacher's own K/V in the cache path instead")

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from icl_ssm.cli.options import add_task_option_flags, task_options
 from icl_ssm.data import assets
 from icl_ssm.data.splits import label_warning
 from icl_ssm.data.tasks import TASKS, HubUnavailableError, Task, get_task
@@ -46,44 +47,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_fetch)
     return parser
-
-
-def add_task_option_flags(p: argparse.ArgumentParser) -> None:
-    """``-o/--option KEY=VALUE`` (repeatable) and ``--skip-empty``; read them with :func:`task_options`."""
-    p.add_argument(
-        "-o",
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="task option, repeatable (e.g. -o size=50, -o input_field=text, "
-        "-o subjects=college_physics,college_biology)",
-    )
-    p.add_argument(
-        "--skip-empty",
-        action="store_true",
-        help="a user file: skip rows whose text or label is empty (their lines are reported) "
-        "instead of refusing the file; the same as -o skip_empty=true",
-    )
-
-
-def task_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``get_task``'s options from :func:`add_task_option_flags`' flags."""
-    options = parse_options(args.option)
-    if getattr(args, "skip_empty", False):
-        options["skip_empty"] = True
-    return options
-
-
-def parse_options(pairs: list[str]) -> dict[str, Any]:
-    """``["size=50", "label_field=y"]`` -> ``{"size": 50, "label_field": "y"}``."""
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--option {pair!r}: expected KEY=VALUE, e.g. size=50")
-        options[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value
-    return options
 
 
 def _row(name: str) -> dict[str, Any]:

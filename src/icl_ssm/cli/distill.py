@@ -8,6 +8,7 @@ import argparse
 import sys
 from dataclasses import fields
 
+from icl_ssm.cli.options import add_task_option_flags, task_options
 from icl_ssm.distill.run import fill_teacher_cache, train_compressor
 from icl_ssm.distill.train import FIELD_HELP, RECIPES, DistillConfig, TrainingDiverged
 
@@ -15,7 +16,11 @@ from icl_ssm.distill.train import FIELD_HELP, RECIPES, DistillConfig, TrainingDi
 def config_from_args(args: argparse.Namespace) -> DistillConfig:
     """The run ``icl-ssm distill`` was asked for: ``--recipe``'s values under the flags given."""
     given = {f.name: getattr(args, f.name) for f in fields(DistillConfig) if hasattr(args, f.name)}
-    return DistillConfig.recipe(getattr(args, "recipe", "measured"), **given)
+    cfg = DistillConfig.recipe(getattr(args, "recipe", "measured"), **given)
+    options = task_options(args)
+    if options:  # -o / --skip-empty apply to every --task
+        cfg.task_options = {name: dict(options) for name in cfg.tasks}
+    return cfg
 
 
 def run_distill(args: argparse.Namespace) -> int:
@@ -41,6 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "or paper (the paper's settings) (default: measured)")
     measured, paper = DistillConfig(), DistillConfig.recipe("paper")
     for f in fields(DistillConfig):
+        if f.name == "task_options":  # -o KEY=VALUE and --skip-empty below
+            continue
         flag = "--" + ("task" if f.name == "tasks" else f.name.replace("_", "-"))
         default = getattr(measured, f.name)
         shown = " ".join(default) if f.name == "tasks" else default
@@ -53,6 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
         else:
             p.add_argument(flag, type=type(default), **kwargs)
+    add_task_option_flags(p)
     p.add_argument("--out", help="directory for the compressor, its config and checkpoints (required unless "
                    "--teacher-only)")
     p.add_argument("--resume", action="store_true", help="continue the unfinished run in --out")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from icl_ssm.cli.options import add_target, task_options
 from icl_ssm.evaluate.answers import LOSSES
 from icl_ssm.evaluate.fidelity import FidelityConfig, parse_also, run_fidelity
-from icl_ssm.lm.models import DEFAULT_MODEL
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -16,7 +16,7 @@ def _main(args: argparse.Namespace) -> int:
         model=args.model, task=args.task, k=args.k, compressor=args.compressor, control=args.control,
         subsets=args.subsets, queries=args.queries, query_offset=args.query_offset, seed=args.seed, loss=args.loss,
         n_window=args.n_window, also=parse_also(args.also), batch=args.batch, query_batch=args.query_batch,
-        reuse_dense=args.reuse_dense, chat=args.chat, device=args.device,
+        reuse_dense=args.reuse_dense, chat=args.chat, device=args.device, task_options=task_options(args),
     )  # fmt: skip
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -57,9 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="how closely a compressed cache reproduces the dense prompt on held-out subsets",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, hub id or local directory")
-    p.add_argument("--task", required=True, help="task whose pool the subsets come from")
-    p.add_argument("--k", type=int, default=8, help="demonstrations per subset")
+    d = FidelityConfig()
+    add_target(p, model=d.model, k=d.k, task_required=True, task_help="task whose pool the subsets come from",
+               k_help="demonstrations per subset")
     p.add_argument("--compressor", required=True, help="directory of a saved compressor")
     p.add_argument("--control", help="directory of a control compressor (config control=True) to report beside it")
     p.add_argument("--subsets", type=int, default=30, help="held-out demonstration subsets")

@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from icl_ssm.cli.options import add_target, task_options
 from icl_ssm.pipeline import RunConfig, run_pipeline, say
 from icl_ssm.report import check_lines
 from icl_ssm.select.run import ORDERS
 
 
 def _main(args: argparse.Namespace) -> int:
+    args.task_options = task_options(args)
     cfg = RunConfig(**{f: getattr(args, f) for f in RunConfig.__dataclass_fields__})
     cfg.methods = tuple(cfg.methods)
     report = run_pipeline(cfg, args.out)
@@ -26,9 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="the whole pipeline: compressor, fidelity, selection, baselines, report",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = RunConfig()
-    p.add_argument("--model", default=d.model, help="embedded name, hub id or local directory")
-    p.add_argument("--task", default=d.task, help="task name, or a .jsonl/.csv file of your own")
-    p.add_argument("--k", type=int, default=d.k, help="demonstrations to choose")
+    add_target(p, model=d.model, task=d.task, k=d.k)
     p.add_argument("--out", default="icl-ssm-run", help="directory for the report and every stage's results")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--compressor", default=d.compressor, help="a trained compressor directory to use")

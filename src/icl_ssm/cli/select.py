@@ -9,6 +9,7 @@ import sys
 from dataclasses import asdict, fields
 
 from icl_ssm import atomic
+from icl_ssm.cli.options import add_target, task_options
 from icl_ssm.compress.compressor import load_compressor
 from icl_ssm.data.tasks import get_task
 from icl_ssm.evaluate.answers import LOSSES
@@ -29,6 +30,7 @@ from icl_ssm.select.run import (
 
 
 def _main(args: argparse.Namespace) -> int:
+    args.task_options = task_options(args)
     cfg = with_shipped_compressor(SelectConfig(**{f.name: getattr(args, f.name) for f in fields(SelectConfig)}))
     cfg.check()
     out = atomic.prepare_dir(args.out) if args.out else None
@@ -58,7 +60,7 @@ def _main(args: argparse.Namespace) -> int:
             cfg, model, tokenizer, compressor, on_start=lambda n: bar.update(job, total=n or None), progress=advance)
     summary["argv"] = getattr(args, "argv", None)
     if main and out is not None:
-        task = get_task(cfg.task)
+        task = get_task(cfg.task, **cfg.task_options)
         builder = PromptBuilder.for_model(model, tokenizer, task, chat=cfg.chat)
         text = builder.build_prefix(selection.examples(pool)).text
         write_selection(out, selection, summary, pool, text, {**asdict(cfg), "argv": summary["argv"]})
@@ -81,9 +83,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("select", help="choose k demonstrations from a task's pool (Algorithm 2 and baselines)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = SelectConfig()
-    p.add_argument("--model", default=d.model, help="embedded name, hub id or local directory")
-    p.add_argument("--task", default=d.task, help="task name, or a .jsonl/.csv file of your own")
-    p.add_argument("--k", type=int, default=d.k, help="demonstrations to choose")
+    add_target(p, model=d.model, task=d.task, k=d.k)
     p.add_argument("--method", default=d.method, help="a registered selector: " + ", ".join(SELECTORS))
     p.add_argument("--compressor", default=d.compressor, help="compressor directory (affinity, compressed evaluator)")
     p.add_argument("--evaluator", default=d.evaluator, choices=EVALUATORS, help="how affinity scores a subset")

@@ -28,7 +28,8 @@ from icl_ssm.lm.models import load_model
 
 
 def teacher_spec(cfg: DistillConfig, model, tokenizer) -> TeacherSpec:
-    leads = answer_leads(*task_builders(model, tokenizer, cfg.tasks, seed=cfg.seed, chat=cfg.chat))
+    leads = answer_leads(*task_builders(model, tokenizer, cfg.tasks, seed=cfg.seed, chat=cfg.chat,
+                                         task_options=cfg.task_options))
     return TeacherSpec(model=cfg.model, model_fingerprint=model_fingerprint(model), tasks=cfg.tasks, k=cfg.k,
                        episodes=cfg.samples, queries=cfg.queries, group_size=cfg.group_size,
                        num_virtual=cfg.num_virtual, num_sink=cfg.num_sink, num_recent=cfg.num_recent,

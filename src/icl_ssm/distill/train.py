@@ -104,6 +104,7 @@ class DistillConfig:
     max_grad_norm: float = 1.0
     checkpoint_every: int = 50
     chat: bool = False
+    task_options: dict[str, dict] = field(default_factory=dict)  # task name -> get_task options
 
     def __post_init__(self):
         self.tasks = tuple(self.tasks)

@@ -281,7 +281,7 @@ class ReportSetting:
 def report_setting(report: dict, model: PreTrainedModel, tokenizer, subsets: int | None = None) -> ReportSetting:
     """The setting of ``report`` (its first ``subsets`` held-out subsets, or all) for ``model``."""
     cfg = report["config"]
-    task = get_task(cfg["task"])
+    task = get_task(cfg["task"], **cfg.get("task_options", {}))
     splits = split(task, seed=report["seed"])
     builder = PromptBuilder.for_model(model, tokenizer, task, chat=cfg["chat"])
     ids = report["per_subset"]["ids"][:subsets]
@@ -396,6 +396,7 @@ class FidelityConfig:
     reuse_dense: bool = False  # keep the dense answers in a DenseStore under the cache dir, and reuse them
     chat: bool = False
     device: str = "auto"  # "auto": the GPU when there is one
+    task_options: dict[str, Any] = field(default_factory=dict)  # get_task's options (-o KEY=VALUE, --skip-empty)
 
     def check(self) -> None:
         if self.subsets < 1:
@@ -435,7 +436,7 @@ def run_fidelity(
                 f"--control {config.control!r} is not a control compressor (its config has control=False); "
                 "expected a prompt-independent compressor saved with SSMCompressorConfig(control=True)"
             )
-    task = get_task(config.task)
+    task = get_task(config.task, **config.task_options)
     splits = split(task, seed=config.seed)
     end = config.query_offset + config.queries
     if end > len(splits.validation):

@@ -15,7 +15,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,7 @@ class SelectConfig:
     order: str = "score"  # prompt order of the chosen demonstrations: ORDERS
     order_candidates: int = 10  # --order search: orders scored on the validation queries
     chat: bool = False
+    task_options: dict[str, Any] = field(default_factory=dict)  # get_task's options (-o KEY=VALUE, --skip-empty)
 
     def check(self) -> None:
         if self.method not in SELECTORS:
@@ -131,7 +132,7 @@ def select_demonstrations(
     ``on_start(total_subsets)`` once the affinity budget is known (0 for baselines).
     """
     cfg.check()
-    task = get_task(cfg.task)
+    task = get_task(cfg.task, **cfg.task_options)
     if splits is None:  # a file too small for the default sizes gets splits sized to it (splits.note says so)
         splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k, min_val_size=cfg.queries)
     elif cfg.queries > len(splits.validation):
