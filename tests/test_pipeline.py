@@ -7,6 +7,7 @@ import pytest
 from icl_ssm.cli import main
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
+from icl_ssm.pipeline import RunConfig
 
 SHAPE = ["--state-size", "16", "--num-virtual", "4", "--num-sink", "2", "--latent-size", "8"]
 
@@ -27,8 +28,13 @@ def run_args(data, out, *extra):
 
 def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tmp_path, tmp_cache, capsys):
     out = tmp_path / "run"
-    assert main(run_args(data, out)) == 0
+    assert main(run_args(data, out, "--evaluator", "compressed")) == 0
     report = json.loads((out / "report.json").read_text())
+    gate = report["gate"]
+    assert gate["evaluator"] == "compressed" and gate["verdict"] in ("compressed", "dense")
+    assert len(gate["checks"]) == 3
+    failed_warning = "Warning: affinity selected on compressed caches that failed their fidelity check"
+    assert (failed_warning in (out / "report.md").read_text()) == (gate["verdict"] == "dense")
     assert report["compressor"]["source"] == "distilled"
     assert (out / "compressor" / "model.safetensors").exists()
     shape = json.loads((out / "compressor" / "config.json").read_text())
@@ -46,14 +52,15 @@ def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tm
     assert len(rows) == 3 and all(r["text"] in (out / "prompt.txt").read_text() for r in rows)
     stamps = {p.name: p.stat().st_mtime_ns for p in (out / "stages").iterdir()}
     capsys.readouterr()
-    assert main(run_args(data, out)) == 0
+    assert main(run_args(data, out, "--evaluator", "compressed")) == 0
     err = capsys.readouterr().err
     assert "fidelity: done before, skipped" in err and "select topk: done before, skipped" in err
     assert "distilling" not in err
     assert {p.name: p.stat().st_mtime_ns for p in (out / "stages").iterdir()} == stamps
     assert json.loads((out / "report.json").read_text())["selections"] == report["selections"]
     # the same run with every method's places shared out over the labels, in interleaved order
-    assert main(run_args(data, out, "--per-label", "--order", "interleave", "--methods", "random", "bm25")) == 0
+    assert main(run_args(data, out, "--per-label", "--order", "interleave", "--methods", "random", "bm25",
+                         "--evaluator", "compressed")) == 0
     assert "fidelity: done before, skipped" in capsys.readouterr().err  # only the selections depend on these
     pool = split(get_task(data), pool_size=24, seed=0).pool
     for r in json.loads((out / "report.json").read_text())["selections"]:
@@ -62,7 +69,7 @@ def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tm
         assert summary["per_label"] is True and summary["order"] == "interleave"
     # affinity's subsets drawn with the labels in even shares; the baselines unchanged
     assert main(run_args(data, out, "--stratify", "--subsets", "30", "--methods", "affinity", "random",
-                         "--no-dense-evaluator")) == 0
+                         "--no-dense-evaluator", "--evaluator", "compressed")) == 0
     capsys.readouterr()
     affinity = json.loads((out / "stages" / "select-affinity.json").read_text())["result"]
     assert affinity["stratified"] is True and sorted(affinity["labels"].values()) == [1, 2]
@@ -77,3 +84,24 @@ def test_run_refuses_bad_input(data, tmp_path, tmp_cache, capsys):
     assert "pool_size=24 is smaller than k=30" in capsys.readouterr().err
     assert main(run_args(data, tmp_path / "m", "--methods", "affinity", "oracle")) == 2
     assert "oracle" in capsys.readouterr().err
+
+
+def test_the_fidelity_check_chooses_affinitys_evaluator(data, tmp_path, tmp_cache, capsys):
+    out = tmp_path / "run"
+    assert main(run_args(data, out, "--methods", "affinity", "random")) == 0  # --evaluator auto
+    report = json.loads((out / "report.json").read_text())
+    gate, rows = report["gate"], report["selections"]
+    assert gate["evaluator"] == gate["verdict"] and rows[0]["evaluator"] == gate["verdict"]
+    dense_row = [r["method"] for r in rows] == ["affinity", "affinity (dense)", "random"]
+    assert dense_row == (gate["verdict"] == "compressed")  # no second, identical dense run
+    said = "Affinity evaluator: dense, because the compressed caches failed their fidelity check"
+    assert (said in (out / "report.md").read_text()) == (gate["verdict"] == "dense")
+    # forced: the reason says so, and the compressed-cache stage already run is not redone
+    assert main(run_args(data, out, "--methods", "affinity", "random", "--evaluator", "dense",
+                         "--no-dense-evaluator")) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["selections"][0]["evaluator"] == "dense"
+    assert report["gate"]["reason"].startswith("--evaluator dense was asked for")
+    assert "Affinity evaluator: dense, because --evaluator dense was asked for" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--evaluator 'window'; accepted: auto, compressed, dense"):
+        RunConfig(evaluator="window").check()

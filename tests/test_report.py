@@ -74,6 +74,18 @@ def test_full_report_writes_every_file(tmp_path):
     assert leftovers(tmp_path / "out") == []
 
 
+def test_order_averaged_accuracy_has_its_own_column(tmp_path):
+    from icl_ssm.report import _selection_md
+
+    rows = [dict(method="affinity", evaluator="compressed", test_accuracy=0.8, test_size=100,
+                 test_accuracy_orders=[0.8, 0.7, 0.75, 0.65], test_accuracy_order_mean=0.725, test_accuracy_std=0.0645,
+                 labels={"a": 2, "b": 1}),
+            dict(method="zero", evaluator=None, test_accuracy=0.5, test_size=100)]
+    md = "\n".join(_selection_md(rows))
+    assert "| Mean over 4 orders ± sd |" in md and "| 0.725 ± 0.065 | a 2 / b 1 |" in md
+    assert "0.800 [" in md and "0.800 [0.71, 0.87] ±" not in md
+
+
 def test_minimal_report_renders_dashes(tmp_path):
     paths = R.write_report(tmp_path, minimal_report())
     assert set(paths) == {"markdown", "json", "accuracy", "cost"}

@@ -253,3 +253,31 @@ def test_affinity_without_a_compressor_takes_the_shipped_one(files, tmp_path, mo
     monkeypatch.setattr(pretrained_mod, "pretrained_root", lambda: tmp_path / "none")
     assert main(args(files, "--subsets", "8")) == 2
     assert "none is shipped for --model tiny-llama" in capsys.readouterr().err
+
+
+def test_a_budget_sizes_queries_and_subsets_from_a_pilot(files, capsys):
+    argv = [*args(files, "--method", "affinity", "--evaluator", "compressed", "--compressor", files["comp"]),
+            "--queries", "12", "--budget", "0.05"]  # 3 s
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "select: pilot: 32 subsets x 8 queries" in err and "select: plan for reliability 0.8:" in err
+    assert "select: reached: reliability of the subset losses" in err
+    summary = run_json(capsys, *argv)
+    budget = summary["budget"]
+    assert summary["subsets"] == budget["subsets"] == budget["plan"]["subsets"] >= 32
+    assert 8 <= summary["queries_used"] == budget["plan"]["queries"] <= 12
+    assert budget["plan"]["estimated_seconds"] <= 3.0 or budget["plan"]["subsets"] == 32  # never below the pilot
+    assert set(budget["reached"]) == {"loss_split_half", "loss_reliability", "score_split_half", "score_reliability"}
+    assert main([*argv, "--subsets", "30"]) == 2
+    assert "--budget 0.05 sizes the subsets from a pilot round" in capsys.readouterr().err
+
+
+def test_test_orders_give_an_order_averaged_accuracy(files, capsys):
+    one = run_json(capsys, *args(files, "--method", "random"))
+    many = run_json(capsys, *args(files, "--method", "random", "--test-orders", "3"))
+    assert many["indices"] == one["indices"] and many["test_accuracy"] == one["test_accuracy"]
+    accs = many["test_accuracy_orders"]
+    assert len(accs) == 4 and accs[0] == one["test_accuracy"]
+    assert many["test_accuracy_order_mean"] == pytest.approx(np.mean(accs))
+    assert many["test_accuracy_std"] == pytest.approx(np.std(accs, ddof=1))
+    assert "test_accuracy_orders" not in one

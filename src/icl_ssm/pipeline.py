@@ -33,11 +33,13 @@ from icl_ssm.data.tasks import get_task
 from icl_ssm.distill.run import train_compressor
 from icl_ssm.distill.train import DistillConfig
 from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
+from icl_ssm.evaluate.gate import GATE_EVALUATORS, fidelity_gate
 from icl_ssm.lm.models import DEFAULT_MODEL, load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.base import SELECTORS
 from icl_ssm.select.check import check_prompts, hand_over
 from icl_ssm.select.evaluate import evaluate_selection
+from icl_ssm.select.evaluators import RELIABILITY_TARGET
 from icl_ssm.select.run import SelectConfig, select_demonstrations, selected_rows
 
 DEFAULT_METHODS = ("affinity", "random", "bm25", "topk")
@@ -66,13 +68,18 @@ class RunConfig:
     pool_size: int = 100
     queries: int = 8  # validation queries per subset
     test_size: int = 150
+    test_orders: int = 3  # further random orders of every chosen set scored on the test split
     subsets: int | None = None  # affinity budget; default n / (k eps^2)
+    budget: float | None = None  # minutes per affinity run, sized to target_reliability (select --budget)
+    target_reliability: float = RELIABILITY_TARGET
     estimator: str = "mean"
     per_label: bool = False  # every method's k places shared out over the labels (select --per-label)
     stratify: bool = False  # affinity's subsets drawn with the labels in even shares (select --stratify)
     order: str = "score"  # prompt order of every method's chosen demonstrations (select --order)
     methods: tuple[str, ...] = DEFAULT_METHODS
     dense_evaluator: bool = True  # also run affinity on dense caches (cost and quality beside)
+    evaluator: str = "auto"  # affinity: auto (compressed unless its fidelity check fails), compressed or dense
+    max_accuracy_drop: float = 0.05  # the fidelity check: accuracy the compressed caches may lose to the dense prompt
     check_size: int = 64  # held-out validation examples the check scores every prompt on
     random_prompts: int = 8  # random k-prompts the chosen prompt is checked against
     keep_selection: bool = False  # hand over the method's pick even when it does not beat random prompts
@@ -90,6 +97,10 @@ class RunConfig:
             raise ValueError(f"--k {self.k}: expected >= 1 demonstrations")
         if self.random_prompts < 1 or self.check_size < 1:
             raise ValueError(f"--random-prompts {self.random_prompts}, --check-size {self.check_size}: expected >= 1")
+        if self.evaluator not in GATE_EVALUATORS:
+            raise ValueError(f"--evaluator {self.evaluator!r}; accepted: {', '.join(GATE_EVALUATORS)}")
+        if not 0 <= self.max_accuracy_drop < 1:
+            raise ValueError(f"--max-accuracy-drop {self.max_accuracy_drop}: expected a share in [0, 1)")
         if self.fidelity_subsets < 2:
             raise ValueError(f"--fidelity-subsets {self.fidelity_subsets}: a rank correlation needs >= 2 subsets")
 
@@ -209,14 +220,17 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
     else:
         say("fidelity: done before, skipped")
 
+    gate = choose_evaluator(cfg, fidelity)
     model, tokenizer = load_model(cfg.model)
     compressor = load_compressor(comp["compressor"], model.config)
     base = SelectConfig(model=cfg.model, task=cfg.task, k=cfg.k, compressor=comp["compressor"],
                         estimator=cfg.estimator, subsets=cfg.subsets, queries=cfg.queries, test_size=cfg.test_size,
                         pool_size=cfg.pool_size, seed=cfg.seed, batch=cfg.batch, query_batch=cfg.query_batch,
-                        per_label=cfg.per_label, order=cfg.order, task_options=cfg.task_options)
+                        per_label=cfg.per_label, order=cfg.order, task_options=cfg.task_options,
+                        budget=cfg.budget, target_reliability=cfg.target_reliability, test_orders=cfg.test_orders)
     runs = [(m, replace(base, method=m, stratify=cfg.stratify and m == "affinity")) for m in cfg.methods]
-    if cfg.dense_evaluator and "affinity" in cfg.methods:
+    runs = [(m, replace(s, evaluator=gate["evaluator"]) if m == "affinity" else s) for m, s in runs]
+    if cfg.dense_evaluator and "affinity" in cfg.methods and gate["evaluator"] == "compressed":
         runs.insert(1, ("affinity-dense", replace(base, method="affinity", evaluator="dense", stratify=cfg.stratify)))
     selections: dict[str, dict] = {}
     for name, scfg in runs:
@@ -225,14 +239,35 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
         if result is None:
             with stage_bar(f"select {name}", "subsets") as (on_start, advance):
                 selection, summary, pool = select_demonstrations(scfg, model, tokenizer, compressor, splits=splits,
-                                                                 on_start=on_start, progress=advance)
+                                                                 on_start=on_start, progress=advance,
+                                                                 say=lambda line, n=name: say(f"select {n}: {line}"))
             summary["scores"] = [None if s != s else float(s) for s in selection.scores.tolist()]
             result = stages.put(f"select-{name}", key, summary)
         else:
             say(f"select {name}: done before, skipped")
         selections[name] = result
     check = check_stage(cfg, stages, selections, splits, model, tokenizer)
-    return write_outputs(cfg, out, comp, fidelity, selections, splits, model, tokenizer, check)
+    return write_outputs(cfg, out, comp, fidelity, selections, splits, model, tokenizer, check, gate)
+
+
+def choose_evaluator(cfg: RunConfig, fidelity: dict) -> dict:
+    """Affinity's evaluator: :func:`~icl_ssm.evaluate.gate.fidelity_gate`'s verdict on the fidelity
+    stage (``cfg.evaluator="auto"``), or the one ``cfg.evaluator`` forces; says why when it is not
+    the compressed caches, and warns when compressed caches that failed their check are forced."""
+    gate = fidelity_gate(fidelity, max_accuracy_drop=cfg.max_accuracy_drop)
+    gate["verdict"] = gate["evaluator"]
+    if cfg.evaluator != "auto":
+        gate["evaluator"] = cfg.evaluator
+        gate["reason"] = f"--evaluator {cfg.evaluator} was asked for" + (
+            f"; the fidelity check would have chosen {gate['verdict']}" if gate["verdict"] != cfg.evaluator else "")
+    if gate["verdict"] == "dense":
+        failed = "; ".join(f"{c['name']}: no, {c['detail']}" for c in gate["checks"] if c["passed"] is False)
+        if cfg.evaluator == "compressed":
+            say(f"warning: the compressed caches failed their fidelity check ({failed}); selecting with them "
+                "because --evaluator compressed was asked for")
+        else:
+            say(f"warning: {gate['reason']}")
+    return gate
 
 
 def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], splits: Splits, model,
@@ -272,7 +307,7 @@ def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], spl
 
 
 def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selections: dict[str, dict],
-                  splits: Splits, model, tokenizer, check: dict | None = None) -> dict:
+                  splits: Splits, model, tokenizer, check: dict | None = None, gate: dict | None = None) -> dict:
     """selected.jsonl + prompt.txt (the prompt handed over: the method's pick when it passed the
     check against random prompts, else the best-checked prompt) and the report."""
     from icl_ssm.report import write_report
@@ -291,14 +326,16 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selecti
         if name == "affinity-dense":
             continue
         row = {key: s.get(key) for key in ("method", "evaluator", "test_accuracy", "flops", "wall_seconds",
-                                           "subsets", "indices", "labels", "test_size")}
+                                           "subsets", "indices", "labels", "test_size", "test_accuracy_orders",
+                                           "test_accuracy_order_mean", "test_accuracy_std")}
         if name == "affinity" and dense is not None:
             row.update(dense_flops=dense["flops"], dense_wall_seconds=dense["wall_seconds"],
                        dense_test_accuracy=dense["test_accuracy"])
         rows.append(row)
     if dense is not None:
-        rows.insert(1, {key: dense.get(key) for key in ("evaluator", "test_accuracy", "flops", "wall_seconds",
-                                                        "subsets", "indices")} | {"method": "affinity (dense)"})
+        rows.insert(1, {key: dense.get(key) for key in (
+            "evaluator", "test_accuracy", "flops", "wall_seconds", "subsets", "indices", "labels", "test_size",
+            "test_accuracy_orders", "test_accuracy_order_mean", "test_accuracy_std")} | {"method": "affinity (dense)"})
     report = {
         "model": cfg.model, "task": cfg.task, "k": cfg.k, "seed": cfg.seed,
         "compressor": comp, "fidelity": {k: v for k, v in fidelity.items() if k not in ("config", "argv")},
@@ -306,6 +343,7 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selecti
         "affinity_scores": selections["affinity"]["scores"] if "affinity" in selections else None,
         "selected": chosen["indices"], "prompt_file": "prompt.txt", "selected_file": "selected.jsonl",
         "pool_size": len(pool), "run_config": asdict(cfg), "check": check, "handed_over": handed,
+        "gate": gate,
     }
     write_report(out, report)
     return report

@@ -121,6 +121,17 @@ def _acc_ci(acc: Any, n: Any) -> str:
     return f"{acc:.3f} [{lo:.2f}, {hi:.2f}]"
 
 
+def gate_lines(report: dict) -> list[str]:
+    """Which evaluator affinity used and why, when it was not the compressed caches."""
+    gate = report.get("gate")
+    if not gate or gate.get("evaluator") == "compressed" and gate.get("verdict", "compressed") == "compressed":
+        return []
+    if gate.get("verdict") == "dense" and gate.get("evaluator") == "compressed":
+        failed = "; ".join(f"{c['name']}: no, {c['detail']}" for c in gate["checks"] if c.get("passed") is False)
+        return [f"Warning: affinity selected on compressed caches that failed their fidelity check ({failed})."]
+    return [f"Affinity evaluator: {gate['evaluator']}, because {gate['reason']}."]
+
+
 def check_lines(report: dict) -> list[str]:
     """What the check against random prompts found, headline first (for the CLI and report.md)."""
     check = report.get("check")
@@ -150,15 +161,23 @@ def _selection_md(selections: list[dict]) -> list[str]:
     if not selections:
         return ["No selection was run."]
     dense = any(s.get("dense_flops") is not None or s.get("dense_wall_seconds") is not None for s in selections)
-    header = ["Method", "Evaluator", "Test accuracy [95% CI]", "Labels", "FLOPs", "Wall s", "Subsets"]
+    orders = max((len(s.get("test_accuracy_orders") or ()) for s in selections), default=0)
+    header = ["Method", "Evaluator", "Test accuracy [95% CI]"]
+    header += [f"Mean over {orders} orders ± sd"] if orders else []
+    header += ["Labels", "FLOPs", "Wall s", "Subsets"]
     header += ["Dense-evaluator FLOPs", "Dense-evaluator s", "FLOP saving"] if dense else []
     rows = []
     for s in selections:
         acc, std = _acc_ci(s.get("test_accuracy"), s.get("test_size")), s.get("test_accuracy_std")
         labels = s.get("labels")
         labels = " / ".join(f"{k} {v}" for k, v in labels.items()) if isinstance(labels, dict) else DASH
-        row = [_cell(s.get("method")), _cell(s.get("evaluator")), acc + (f" ± {std:.3f}" if _is_num(std) else ""),
-               labels]
+        mean = s.get("test_accuracy_order_mean")
+        if orders:  # the spread over orders in its own column
+            row = [_cell(s.get("method")), _cell(s.get("evaluator")), acc,
+                   f"{mean:.3f} ± {std:.3f}" if _is_num(mean) and _is_num(std) else DASH, labels]
+        else:
+            row = [_cell(s.get("method")), _cell(s.get("evaluator")),
+                   acc + (f" ± {std:.3f}" if _is_num(std) else ""), labels]
         row += [format_flops(s.get("flops")), _fmt(s.get("wall_seconds"), ".2f"), _cell(s.get("subsets"))]
         if dense:
             row += [format_flops(s.get("dense_flops")), _fmt(s.get("dense_wall_seconds"), ".2f")]
@@ -170,6 +189,7 @@ def _selection_md(selections: list[dict]) -> list[str]:
 def _markdown(report: dict, plots: dict[str, str]) -> str:
     r = report
     lines = [f"# {_cell(r.get('model'))} on {_cell(r.get('task'))}, k={_cell(r.get('k'))}", ""]
+    lines += gate_lines(r) + [""] if gate_lines(r) else []
     lines += check_lines(r) + [""] if r.get("check") else []
     lines += [f"Seed {_cell(r.get('seed'))}.", "", "## Fidelity of the compressed cache", ""]
     lines += _fidelity_md(r.get("fidelity")) + ["", "## Demonstration selection", ""]

@@ -7,8 +7,9 @@ import argparse
 from pathlib import Path
 
 from icl_ssm.cli.options import add_target, task_options
+from icl_ssm.evaluate.gate import GATE_EVALUATORS
 from icl_ssm.pipeline import RunConfig, run_pipeline, say
-from icl_ssm.report import check_lines
+from icl_ssm.report import check_lines, gate_lines
 from icl_ssm.select.run import ORDERS
 
 
@@ -17,7 +18,7 @@ def _main(args: argparse.Namespace) -> int:
     cfg = RunConfig(**{f: getattr(args, f) for f in RunConfig.__dataclass_fields__})
     cfg.methods = tuple(cfg.methods)
     report = run_pipeline(cfg, args.out)
-    for line in check_lines(report):
+    for line in gate_lines(report) + check_lines(report):
         say(line)
     say(f"prompt: {Path(args.out) / 'prompt.txt'}; report: {Path(args.out) / 'report.md'}")
     print(Path(args.out) / "report.md")
@@ -42,8 +43,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gate", action=argparse.BooleanOptionalAction, default=d.gate,
                    help="when distilling: gated virtual tokens beside the exact recent tokens")
     p.add_argument("--pool-size", type=int, default=d.pool_size, help="candidates to select from")
-    p.add_argument("--queries", type=int, default=d.queries, help="validation queries per subset")
+    p.add_argument("--queries", type=int, default=d.queries,
+                   help="validation queries per subset (with --budget: the most it may use)")
+    p.add_argument("--budget", type=float, default=d.budget,
+                   help="minutes for each affinity run: a pilot round measures the reliability of the scores, then "
+                        "queries and subsets grow toward --target-reliability within this time (instead of --subsets)")
+    p.add_argument("--target-reliability", type=float, default=d.target_reliability,
+                   help="with --budget: split-half reliability of the subset losses and of the candidates' scores")
     p.add_argument("--test-size", type=int, default=d.test_size, help="test examples per evaluation")
+    p.add_argument("--test-orders", type=int, default=d.test_orders,
+                   help="further random orders of every chosen set scored on the test split (order-averaged)")
     p.add_argument("--subsets", type=int, default=d.subsets, help="affinity subsets (default n / (k eps^2))")
     p.add_argument("--estimator", default=d.estimator, choices=("mean", "ridge"))
     p.add_argument("--per-label", action="store_true",
@@ -56,6 +65,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", nargs="+", default=list(d.methods), help="selection methods to compare")
     p.add_argument("--dense-evaluator", action=argparse.BooleanOptionalAction, default=d.dense_evaluator,
                    help="also run affinity on dense caches")
+    p.add_argument("--evaluator", default=d.evaluator, choices=GATE_EVALUATORS,
+                   help="how affinity scores subsets: auto = on compressed caches unless they fail their fidelity "
+                        "check (then dense, with the reason in the report)")
+    p.add_argument("--max-accuracy-drop", type=float, default=d.max_accuracy_drop,
+                   help="fidelity check: accuracy the compressed caches may lose to the dense prompt")
     p.add_argument("--check-size", type=int, default=d.check_size,
                    help="held-out validation examples every method's pick, zero-shot and the random prompts are "
                         "checked on before a prompt is handed over")

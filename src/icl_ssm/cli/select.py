@@ -57,7 +57,8 @@ def _main(args: argparse.Namespace) -> int:
                 stderr.print(f"select: {int(t.completed)}/{int(t.total or 0)} subsets, {t.elapsed or 0:.0f} s")
 
         selection, summary, pool = select_demonstrations(
-            cfg, model, tokenizer, compressor, on_start=lambda n: bar.update(job, total=n or None), progress=advance)
+            cfg, model, tokenizer, compressor, on_start=lambda n: bar.update(job, total=n or None), progress=advance,
+            say=(lambda line: stderr.print(f"select: {line}", highlight=False, soft_wrap=True)) if main else None)
     summary["argv"] = getattr(args, "argv", None)
     if main and out is not None:
         task = get_task(cfg.task, **cfg.task_options)
@@ -94,8 +95,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--coverage", type=int, default=d.coverage, help="minimum subsets containing each candidate")
     p.add_argument("--adaptive", type=float, default=d.adaptive,
                    help="fraction of M spent on a second round near the top-k boundary")
-    p.add_argument("--queries", type=int, default=d.queries, help="validation queries per subset")
+    p.add_argument("--queries", type=int, default=d.queries,
+                   help="validation queries per subset (with --budget: the most it may use)")
+    p.add_argument("--budget", type=float, default=d.budget,
+                   help="minutes for affinity: a pilot round measures the reliability of the scores, then queries "
+                        "and subsets grow toward --target-reliability within this time (instead of --subsets)")
+    p.add_argument("--target-reliability", type=float, default=d.target_reliability,
+                   help="with --budget: split-half reliability (Spearman-Brown) of the subset losses and of the "
+                        "candidates' scores aimed at")
     p.add_argument("--test-size", type=int, default=d.test_size, help="test examples scored (default: all)")
+    p.add_argument("--test-orders", type=int, default=d.test_orders,
+                   help="further random orders of the chosen set scored on the test split (order-averaged accuracy)")
     p.add_argument("--pool-size", type=int, default=d.pool_size, help="candidate pool size")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--loss", default=d.loss, choices=LOSSES, help="per-query loss: gold NLL or label-set CE")

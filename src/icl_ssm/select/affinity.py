@@ -5,6 +5,7 @@ take the best ``k``; and the search over prompt orders."""
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,6 +17,14 @@ import torch
 from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
 from icl_ssm.select.base import Selection, Selector, arrange, check_selection_inputs, register, top_k, top_k_per_label
+from icl_ssm.select.budget import (
+    PILOT_QUERIES,
+    RELIABILITY_TARGET,
+    Reliability,
+    plan_budget,
+    plan_lines,
+    score_split_half,
+)
 from icl_ssm.select.estimators import ESTIMATORS, boundary, indicator, mean_affinity, ridge_affinity
 from icl_ssm.select.evaluators import (
     CacheEvaluator,
@@ -75,6 +84,11 @@ class AffinitySelector(Selector):
     stratify: bool = False
     chunk: int = 32
     progress: Callable[[int], None] | None = None
+    budget: float | None = None  # seconds: size queries and subsets to `target` reliability (select.budget)
+    target: float = RELIABILITY_TARGET
+    pilot_queries: int = PILOT_QUERIES
+    say: Callable[[str], None] | None = None  # the pilot's findings and the plan, before the main round
+    on_total: Callable[[int], None] | None = None  # the subset evaluations a budget's plan makes in all
 
     @classmethod
     def from_config(cls, cfg, model, builder, compressor=None, progress=None) -> AffinitySelector:
@@ -87,8 +101,10 @@ class AffinitySelector(Selector):
             evaluator = CacheEvaluator(model, builder, cfg.evaluator, compressor, loss=cfg.loss, batch=cfg.batch,
                                        query_batch=cfg.query_batch, balance_labels=cfg.balance_labels,
                                        pack=cfg.pack)
+        budget = None if cfg.budget is None else 60.0 * cfg.budget  # minutes on the command line
         return cls(evaluator, subsets=cfg.subsets, estimator=cfg.estimator, coverage=cfg.coverage,
-                   adaptive=cfg.adaptive, eps=cfg.eps, stratify=cfg.stratify, chunk=cfg.batch, progress=progress)
+                   adaptive=cfg.adaptive, eps=cfg.eps, stratify=cfg.stratify, chunk=cfg.batch, progress=progress,
+                   budget=budget, target=cfg.target_reliability)
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
@@ -99,9 +115,20 @@ class AffinitySelector(Selector):
             raise ValueError(f"adaptive={self.adaptive}: expected a fraction in [0, 1)")
         if self.coverage < 0:
             raise ValueError(f"coverage={self.coverage}: expected >= 0")
+        if self.budget is not None:
+            if not self.budget > 0:
+                raise ValueError(f"budget={self.budget} s: expected a positive time")
+            if self.adaptive or self.subsets is not None:
+                raise ValueError("a budget sizes the subsets itself: give it without subsets and adaptive")
+            if not 0 < self.target < 1:
+                raise ValueError(f"target reliability {self.target}: expected a value between 0 and 1")
+            if self.pilot_queries < 2:
+                raise ValueError(f"pilot_queries={self.pilot_queries}: a split-half needs at least 2")
 
     def plan(self, n: int, k: int) -> tuple[int, int]:
-        """(first-round subsets, second-round subsets)."""
+        """(first-round subsets, second-round subsets); with a budget, the pilot's and 0."""
+        if self.budget is not None:
+            return self.pilot_size(n, k), 0
         total = self.subsets if self.subsets is not None else subsets_for(n, k, self.eps)
         second = int(total * self.adaptive)
         return total - second, second
@@ -123,8 +150,12 @@ class AffinitySelector(Selector):
                 f"subsets={first} (first round) cannot put each of the {n} candidates in {self.coverage} "
                 f"subset(s) of {k}: use --subsets >= {need}" + (" / (1 - adaptive)" if self.adaptive else "")
             )
-        subsets = stratified_subsets(labels, k, first, rng) if self.stratify else balanced_subsets(n, k, first, rng)
-        result = self._evaluate(pool, validation, subsets)
+        if self.budget is not None:
+            subsets, result, budget = self._budgeted(pool, validation, k, rng, labels)
+            first = len(subsets)
+        else:
+            subsets, budget = self._sample(labels, k, first, rng), None
+            result = self._evaluate(pool, validation, subsets)
         focus: list[int] = []
         if second:
             scores, stderr = self.estimate(subsets, result.losses, n)
@@ -147,8 +178,59 @@ class AffinitySelector(Selector):
                      "subset_losses": losses.tolist(),
                      **reliability(half, queries),
                      "query_losses": None if result.query_losses is None else result.query_losses.tolist(),
-                     "query_labels": None if result.query_labels is None else result.query_labels.tolist()},
+                     "query_labels": None if result.query_labels is None else result.query_labels.tolist(),
+                     **({"budget": budget} if budget is not None else {})},
         )
+
+    def _sample(self, labels: list[str], k: int, m: int, rng: np.random.Generator) -> list[list[int]]:
+        if m <= 0:
+            return []
+        return stratified_subsets(labels, k, m, rng) if self.stratify else balanced_subsets(len(labels), k, m, rng)
+
+    def pilot_size(self, n: int, k: int) -> int:
+        """Subsets of the pilot round: every candidate in about 4 of them (2 per split half), >= 16."""
+        return max(16, 4 * math.ceil(max(self.coverage, 1) * n / k))
+
+    def _budgeted(self, pool, validation, k, rng, labels) -> tuple[list[list[int]], SubsetLosses, dict]:
+        """Pilot round, plan (:func:`~icl_ssm.select.budget.plan_budget`), main round; the pilot's
+        subsets are kept (and re-scored when the main round asks more queries)."""
+        n = len(pool)
+        q0 = min(self.pilot_queries, len(validation))
+        if q0 < 2:
+            raise ValueError(f"a budget needs at least 2 validation queries for its pilot; got {len(validation)}")
+        t0 = time.perf_counter()
+        subsets = self._sample(labels, k, self.pilot_size(n, k), rng)
+        pilot = self._evaluate(pool, validation[:q0], subsets)
+        seconds = time.perf_counter() - t0
+        measured = Reliability(split_half(pilot), score_split_half(subsets, pilot.losses, n, self.estimate))
+        need = math.ceil(max(self.coverage, 1) * n / k)
+        plan = plan_budget(pilot_subsets=len(subsets), pilot_queries=q0, pilot_seconds=seconds,
+                           reliability=measured, max_queries=len(validation), min_subsets=need,
+                           budget_seconds=self.budget, target=self.target)
+        record = {"pilot": {"subsets": len(subsets), "queries": q0, "seconds": seconds,
+                            "reliability": measured.as_dict()},
+                  "plan": plan.as_dict(), "budget_seconds": self.budget, "target": self.target}
+        if self.say is not None:
+            for line in plan_lines(record["pilot"], plan, self.budget, self.target):
+                self.say(line)
+        more = self._sample(labels, k, plan.subsets - len(subsets), rng)
+        if self.on_total is not None:
+            self.on_total(len(subsets) + len(more) + (len(subsets) if plan.queries != q0 else 0))
+        if plan.queries == q0:
+            result = concat(pilot, self._evaluate(pool, validation[:q0], more))
+        else:  # every subset on the larger query set; the pilot's cost stays counted
+            result = self._evaluate(pool, validation[: plan.queries], subsets + more)
+            result.cost = Cost(result.cost.flops + pilot.cost.flops, result.cost.seconds + pilot.cost.seconds)
+            result.tokens += pilot.tokens
+        subsets = subsets + more
+        reached = Reliability(split_half(result), score_split_half(subsets, result.losses, n, self.estimate))
+        record.update(reached=reached.as_dict(), queries=plan.queries, subsets=len(subsets),
+                      seconds=time.perf_counter() - t0)
+        if self.say is not None:
+            self.say(f"reached: reliability of the subset losses {_fmt(reached.losses)}, of the candidates' scores "
+                     f"{_fmt(reached.scores)} ({len(subsets)} subsets x {plan.queries} queries, "
+                     f"{record['seconds'] / 60:.1f} min)")
+        return subsets, result, record
 
     def estimate(self, subsets, losses, n) -> tuple[np.ndarray, np.ndarray]:
         fn = mean_affinity if self.estimator == "mean" else ridge_affinity
@@ -181,6 +263,10 @@ class AffinitySelector(Selector):
             tokens += part.tokens
         labels = next((p.query_labels for _, p in gathered if p.query_labels is not None), None)
         return SubsetLosses(losses, cost, tokens, per_query, labels)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.2f}" if math.isfinite(x) else "n/a"
 
 
 def _process() -> tuple[int, int]:

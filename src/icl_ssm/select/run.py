@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,9 @@ class SelectConfig:
     stratify: bool = False  # affinity: every subset with the labels in even shares (stratified_subsets); per label
     order: str = "score"  # prompt order of the chosen demonstrations: ORDERS
     order_candidates: int = 10  # --order search: orders scored on the validation queries
+    test_orders: int = 0  # further random orders of the chosen set scored on the test split (order-averaged)
+    budget: float | None = None  # minutes: affinity sizes queries (up to `queries`) and subsets to the target
+    target_reliability: float = RELIABILITY_TARGET  # with a budget: split-half reliability aimed at
     chat: bool = False
     task_options: dict[str, Any] = field(default_factory=dict)  # get_task's options (-o KEY=VALUE, --skip-empty)
 
@@ -103,6 +106,15 @@ class SelectConfig:
         for name in ("queries", "batch", "query_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected >= 1")
+        if self.budget is not None and not self.budget > 0:
+            raise ValueError(f"--budget {self.budget}: expected a positive number of minutes")
+        if self.budget is not None and self.subsets is not None:
+            raise ValueError(f"--budget {self.budget} sizes the subsets from a pilot round; give it without "
+                             f"--subsets {self.subsets}")
+        if not 0 < self.target_reliability < 1:
+            raise ValueError(f"--target-reliability {self.target_reliability}: expected a value between 0 and 1")
+        if self.test_orders < 0:
+            raise ValueError(f"--test-orders {self.test_orders}: expected >= 0 further orders")
         if self.test_size is not None and self.test_size < 1:
             raise ValueError(f"--test-size {self.test_size}: expected >= 1")
         if self.stratify and self.method != "affinity":
@@ -125,11 +137,14 @@ def select_demonstrations(
     splits: Splits | None = None,
     on_start: Callable[[int], None] | None = None,
     progress: Callable[[int], None] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[Selection, dict[str, Any], list[Example]]:
     """Run the selection ``cfg`` describes and evaluate it on the test split.
 
     Returns ``(selection, summary, pool)``; ``summary`` has the keys of ``--json``.
-    ``on_start(total_subsets)`` once the affinity budget is known (0 for baselines).
+    ``on_start(total_subsets)`` once the affinity budget is known (0 for baselines; with
+    ``cfg.budget``, the pilot's and again once the plan is made); ``say(line)`` the pilot's
+    findings and the plan before the main round is spent.
     """
     cfg.check()
     task = get_task(cfg.task, **cfg.task_options)
@@ -143,6 +158,8 @@ def select_demonstrations(
     notes = [n for n in (splits.note, *task.notes(), label_warning(splits.pool, task_labels)) if n]
     builder = PromptBuilder.for_model(model, tokenizer, task, chat=cfg.chat)
     selector = make_selector(cfg, model, builder, compressor, progress)
+    if isinstance(selector, AffinitySelector):
+        selector.say, selector.on_total = say, on_start  # a budget's pilot findings, plan and total
     check_selection_inputs(splits.pool, validation, cfg.k)
     kinds = {e.target for e in splits.pool}
     if (cfg.per_label or cfg.stratify) and len(kinds) > cfg.k:
@@ -167,6 +184,7 @@ def select_demonstrations(
         selection.indices = arrange(selection.indices, labels, cfg.order, order_rng(cfg.seed))
     result = evaluate_selection(model, builder, selection.examples(splits.pool), test, loss=cfg.loss,
                                   query_batch=cfg.query_batch)
+    orders = order_accuracies(model, builder, splits.pool, selection.indices, test, cfg, result["accuracy"])
     summary = {
         "method": cfg.method, "k": cfg.k, "indices": selection.indices, "notes": notes,
         "ids": [splits.pool[i].id for i in selection.indices],
@@ -179,8 +197,13 @@ def select_demonstrations(
         "model": cfg.model, "task": task.name, "seed": cfg.seed, "pool_size": len(splits.pool),
         "validation_size": len(validation), "test_size": len(test),
     }
+    if orders is not None:
+        summary.update(orders)
     if len(kinds) <= cfg.k:  # a task with a few labels: how the chosen ones share them
         summary["labels"] = {y: labels.count(y) for y in sorted(kinds)}
+    if "budget" in selection.details:
+        summary["budget"] = selection.details["budget"]
+        summary["queries_used"] = selection.details["budget"]["queries"]
     for key in ("min_coverage", "split_half", "reliability", "queries_needed"):
         if key in selection.details:
             summary[key] = selection.details[key]
@@ -189,14 +212,33 @@ def select_demonstrations(
     return selection, summary, list(splits.pool)
 
 
+def order_accuracies(model, builder: PromptBuilder, pool: Sequence[Example], indices: list[int],
+                     test: Sequence[Example], cfg: SelectConfig, chosen: float) -> dict[str, Any] | None:
+    """The chosen set's test accuracy in its own order and in ``cfg.test_orders`` random ones:
+    ``test_accuracy_orders`` (the chosen order's first), their mean and standard deviation
+    (``test_accuracy_order_mean``, ``test_accuracy_std``). None when no further order is asked."""
+    if cfg.test_orders < 1 or len(indices) < 2:
+        return None
+    rng = np.random.default_rng([cfg.seed, 2])
+    labels = [pool[i].target for i in indices]
+    accs = [chosen]
+    for _ in range(cfg.test_orders):
+        order = arrange(indices, labels, "random", rng)
+        accs.append(evaluate_selection(model, builder, [pool[i] for i in order], test, loss=cfg.loss,
+                                       query_batch=cfg.query_batch)["accuracy"])
+    return {"test_accuracy_orders": accs, "test_accuracy_order_mean": float(np.mean(accs)),
+            "test_accuracy_std": float(np.std(accs, ddof=1))}
+
+
 def reliability_lines(summary: dict) -> list[str]:
     """What the split-half of the subset losses says, for stderr: its value, the whole validation
     set's reliability, and a warning with the queries it would take when that is below target."""
     split = summary.get("split_half")
     if split is None:
         return []
+    used = summary.get("queries_used") or summary["validation_size"]
     lines = [f"split-half of the subset losses: {split:.2f} (Spearman between the subsets' losses on two halves of "
-             f"the {summary['validation_size']} validation queries); reliability of the whole set "
+             f"the {used} validation queries); reliability of the whole set "
              f"{summary['reliability']:.2f} (Spearman-Brown)"]
     if split <= 0:
         lines.append("warning: the two halves of the validation set do not agree on which subsets are better, so "
