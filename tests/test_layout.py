@@ -23,6 +23,7 @@ LAYERS = (
     ("icl_ssm.select",),
     ("icl_ssm.report", "icl_ssm.bench", "icl_ssm.synthetic"),
     ("icl_ssm.pipeline",),
+    ("icl_ssm.bench.trust",),  # runs the whole pipeline many times
     ("icl_ssm.cli", "icl_ssm.__main__"),
 )
 
@@ -33,10 +34,9 @@ def module_name(path: Path) -> str:
 
 
 def layer(module: str) -> int | None:
-    for i, prefixes in enumerate(LAYERS):
-        if any(module == p or module.startswith(p + ".") for p in prefixes):
-            return i
-    return None
+    found = [(len(p), i) for i, prefixes in enumerate(LAYERS) for p in prefixes
+             if module == p or module.startswith(p + ".")]
+    return max(found)[1] if found else None  # the most specific prefix
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:

@@ -32,6 +32,7 @@ from icl_ssm.evaluate.answers import answer_logits, answer_scores, pad_right
 from icl_ssm.evaluate.fidelity import sample_subsets
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.scoring import score_labels
+from icl_ssm.pipeline import RunConfig
 from icl_ssm.ssm import scan as S
 
 
@@ -225,6 +226,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_run_legs_kernel)
+    p = kinds.add_parser(
+        "trust",
+        help="run with default settings over tasks and seeds: the handed-over prompt against random prompts",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--tasks", nargs="+", default=["rotten_tomatoes", "cr", "coin_flip"])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    p.add_argument("--random", type=int, default=8, help="random prompts scored on each test split")
+    p.add_argument("--out", default="runs/trust", help="one run directory per task and seed, trust.json, trust.md")
+    p.add_argument("--model", default=RunConfig.model)
+    p.add_argument("--k", type=int, default=RunConfig.k)
+    p.set_defaults(func=_run_trust)
     from icl_ssm.cli.bench_select import add_kinds
 
     add_kinds(kinds)
+
+
+def _run_trust(args: argparse.Namespace) -> int:
+    from icl_ssm.bench.trust import run_trust
+    from icl_ssm.pipeline import say
+
+    result = run_trust(args.tasks, args.seeds, args.out, random=args.random,
+                       base=RunConfig(model=args.model, k=args.k), say=say)
+    print(json.dumps(result["summary"]))
+    return 0
