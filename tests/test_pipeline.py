@@ -40,7 +40,13 @@ def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tm
     shape = json.loads((out / "compressor" / "config.json").read_text())
     assert shape["gate"] and shape["num_recent"] == 16  # the distilled default is the gated hybrid
     methods = [r["method"] for r in report["selections"]]
-    assert methods == ["affinity", "affinity (dense)", "random", "bm25", "topk"]
+    assert methods == ["affinity", "affinity (dense)", "affinity (dense's time)", "random", "bm25", "topk"]
+    equal = json.loads((out / "stages" / "select-affinity-equal-cost.json").read_text())["result"]
+    dense = json.loads((out / "stages" / "select-affinity-dense.json").read_text())["result"]
+    assert equal["budget"]["budget_seconds"] == pytest.approx(dense["wall_seconds"])
+    # its queries: the 3 selection's and what the 64 of the check leave of the 12 validation examples (none)
+    assert equal["evaluator"] == "compressed" and equal["validation_size"] == equal["budget"]["queries"] == 3
+    assert "Reliability (losses / scores)" in (out / "report.md").read_text()
     assert all(0.0 <= r["test_accuracy"] <= 1.0 for r in report["selections"])
     assert report["fidelity"]["subsets"] == 4 and "subset_loss_spearman" in report["fidelity"]
     md = (out / "report.md").read_text()
@@ -92,7 +98,7 @@ def test_the_fidelity_check_chooses_affinitys_evaluator(data, tmp_path, tmp_cach
     report = json.loads((out / "report.json").read_text())
     gate, rows = report["gate"], report["selections"]
     assert gate["evaluator"] == gate["verdict"] and rows[0]["evaluator"] == gate["verdict"]
-    dense_row = [r["method"] for r in rows] == ["affinity", "affinity (dense)", "random"]
+    dense_row = [r["method"] for r in rows] == ["affinity", "affinity (dense)", "affinity (dense's time)", "random"]
     assert dense_row == (gate["verdict"] == "compressed")  # no second, identical dense run
     said = "Affinity evaluator: dense, because the compressed caches failed their fidelity check"
     assert (said in (out / "report.md").read_text()) == (gate["verdict"] == "dense")

@@ -78,6 +78,7 @@ class RunConfig:
     order: str = "score"  # prompt order of every method's chosen demonstrations (select --order)
     methods: tuple[str, ...] = DEFAULT_METHODS
     dense_evaluator: bool = True  # also run affinity on dense caches (cost and quality beside)
+    equal_cost: bool = True  # with dense_evaluator: affinity on compressed caches given the dense run's time
     evaluator: str = "auto"  # affinity: auto (compressed unless its fidelity check fails), compressed or dense
     max_accuracy_drop: float = 0.05  # the fidelity check: accuracy the compressed caches may lose to the dense prompt
     check_size: int = 64  # held-out validation examples the check scores every prompt on
@@ -246,8 +247,35 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
         else:
             say(f"select {name}: done before, skipped")
         selections[name] = result
+    if cfg.equal_cost and "affinity-dense" in selections and gate["evaluator"] == "compressed":
+        selections["affinity-equal-cost"] = equal_cost_stage(cfg, stages, base, selections["affinity-dense"],
+                                                             splits, model, tokenizer, compressor, comp)
     check = check_stage(cfg, stages, selections, splits, model, tokenizer)
     return write_outputs(cfg, out, comp, fidelity, selections, splits, model, tokenizer, check, gate)
+
+
+def equal_cost_stage(cfg: RunConfig, stages: Stages, base: SelectConfig, dense: dict, splits: Splits, model,
+                     tokenizer, compressor, comp: dict) -> dict:
+    """Affinity on compressed caches given the dense evaluator's wall time as its budget
+    (:mod:`icl_ssm.select.budget`): what the cheaper evaluation buys in subsets, queries and
+    reliability. Its queries may grow beyond ``cfg.queries`` into the validation examples after
+    the check's (never into them)."""
+    spare = splits.validation[: cfg.queries] + splits.validation[cfg.queries + cfg.check_size:]
+    minutes = dense["wall_seconds"] / 60
+    scfg = replace(base, method="affinity", evaluator="compressed", subsets=None, budget=minutes,
+                   queries=len(spare), stratify=cfg.stratify)
+    key = _key([asdict(scfg), comp["compressor"]])
+    result = stages.get("select-affinity-equal-cost", key)
+    if result is not None:
+        say("select affinity at the dense evaluator's cost: done before, skipped")
+        return result
+    say(f"select affinity on compressed caches in the dense evaluator's time ({dense['wall_seconds']:.0f} s)")
+    with stage_bar("select affinity (equal cost)", "subsets") as (on_start, advance):
+        selection, summary, _ = select_demonstrations(
+            scfg, model, tokenizer, compressor, splits=replace(splits, validation=spare), on_start=on_start,
+            progress=advance, say=lambda line: say(f"select affinity (equal cost): {line}"))
+    summary["scores"] = [None if s != s else float(s) for s in selection.scores.tolist()]
+    return stages.put("select-affinity-equal-cost", key, summary)
 
 
 def choose_evaluator(cfg: RunConfig, fidelity: dict) -> dict:
@@ -306,6 +334,11 @@ def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], spl
                                      "zero_shot_test_accuracy": zero, "test_size": len(test)})
 
 
+_ROW_KEYS = ("method", "evaluator", "test_accuracy", "flops", "wall_seconds", "subsets", "indices", "labels",
+             "test_size", "test_accuracy_orders", "test_accuracy_order_mean", "test_accuracy_std", "reliability",
+             "queries_used", "validation_size", "score_reliability")
+
+
 def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selections: dict[str, dict],
                   splits: Splits, model, tokenizer, check: dict | None = None, gate: dict | None = None) -> dict:
     """selected.jsonl + prompt.txt (the prompt handed over: the method's pick when it passed the
@@ -321,21 +354,18 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selecti
     builder = PromptBuilder.for_model(model, tokenizer, get_task(cfg.task, **cfg.task_options))
     atomic.write_text(out / "prompt.txt", builder.build_prefix([pool[i] for i in handed["indices"]]).text)
     dense = selections.get("affinity-dense")
+    titles = {"affinity-dense": "affinity (dense)", "affinity-equal-cost": "affinity (dense's time)"}
     rows = []
-    for name, s in selections.items():
-        if name == "affinity-dense":
+    for name in ["affinity", "affinity-dense", "affinity-equal-cost"] + [n for n in selections if n not in titles
+                                                                         and n != "affinity"]:
+        if name not in selections:
             continue
-        row = {key: s.get(key) for key in ("method", "evaluator", "test_accuracy", "flops", "wall_seconds",
-                                           "subsets", "indices", "labels", "test_size", "test_accuracy_orders",
-                                           "test_accuracy_order_mean", "test_accuracy_std")}
+        s = selections[name]
+        row = {key: s.get(key) for key in _ROW_KEYS} | {"method": titles.get(name, s.get("method"))}
         if name == "affinity" and dense is not None:
             row.update(dense_flops=dense["flops"], dense_wall_seconds=dense["wall_seconds"],
                        dense_test_accuracy=dense["test_accuracy"])
         rows.append(row)
-    if dense is not None:
-        rows.insert(1, {key: dense.get(key) for key in (
-            "evaluator", "test_accuracy", "flops", "wall_seconds", "subsets", "indices", "labels", "test_size",
-            "test_accuracy_orders", "test_accuracy_order_mean", "test_accuracy_std")} | {"method": "affinity (dense)"})
     report = {
         "model": cfg.model, "task": cfg.task, "k": cfg.k, "seed": cfg.seed,
         "compressor": comp, "fidelity": {k: v for k, v in fidelity.items() if k not in ("config", "argv")},

@@ -165,6 +165,8 @@ def _selection_md(selections: list[dict]) -> list[str]:
     header = ["Method", "Evaluator", "Test accuracy [95% CI]"]
     header += [f"Mean over {orders} orders ± sd"] if orders else []
     header += ["Labels", "FLOPs", "Wall s", "Subsets"]
+    reliable = any(_is_num(s.get("reliability")) for s in selections)
+    header += ["Queries", "Reliability (losses / scores)"] if reliable else []
     header += ["Dense-evaluator FLOPs", "Dense-evaluator s", "FLOP saving"] if dense else []
     rows = []
     for s in selections:
@@ -179,6 +181,12 @@ def _selection_md(selections: list[dict]) -> list[str]:
             row = [_cell(s.get("method")), _cell(s.get("evaluator")),
                    acc + (f" ± {std:.3f}" if _is_num(std) else ""), labels]
         row += [format_flops(s.get("flops")), _fmt(s.get("wall_seconds"), ".2f"), _cell(s.get("subsets"))]
+        if reliable:
+            queries = s.get("queries_used") or (s.get("validation_size") if _is_num(s.get("reliability")) else None)
+            rel = _fmt(s.get("reliability"), ".2f") if _is_num(s.get("reliability")) else DASH
+            if _is_num(s.get("score_reliability")):
+                rel += f" / {s['score_reliability']:.2f}"
+            row += [_cell(queries), rel]
         if dense:
             row += [format_flops(s.get("dense_flops")), _fmt(s.get("dense_wall_seconds"), ".2f")]
             row.append(_ratio(s.get("dense_flops"), s.get("flops")))

@@ -65,6 +65,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", nargs="+", default=list(d.methods), help="selection methods to compare")
     p.add_argument("--dense-evaluator", action=argparse.BooleanOptionalAction, default=d.dense_evaluator,
                    help="also run affinity on dense caches")
+    p.add_argument("--equal-cost", action=argparse.BooleanOptionalAction, default=d.equal_cost,
+                   help="with --dense-evaluator: also run affinity on compressed caches with the dense run's wall time "
+                        "as its budget (what the cheaper evaluation buys)")
     p.add_argument("--evaluator", default=d.evaluator, choices=GATE_EVALUATORS,
                    help="how affinity scores subsets: auto = on compressed caches unless they fail their fidelity "
                         "check (then dense, with the reason in the report)")

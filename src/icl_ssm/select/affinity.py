@@ -167,6 +167,7 @@ class AffinitySelector(Selector):
         losses, cost, tokens = result.losses, result.cost, result.tokens
         scores, _ = self.estimate(subsets, losses, n)
         half = split_half(result)
+        scores_half = Reliability(half, score_split_half(subsets, losses, n, self.estimate)).as_dict()
         queries = result.query_losses.shape[1] if result.query_losses is not None else 0
         unseen = np.flatnonzero(~np.isfinite(scores)).tolist()
         counts = indicator(subsets, n).sum(0)
@@ -177,6 +178,8 @@ class AffinitySelector(Selector):
                      "min_coverage": int(counts.min()), "rounds": [first, second], "focus": focus,
                      "subset_losses": losses.tolist(),
                      **reliability(half, queries),
+                     "score_split_half": scores_half["score_split_half"],
+                     "score_reliability": scores_half["score_reliability"],
                      "query_losses": None if result.query_losses is None else result.query_losses.tolist(),
                      "query_labels": None if result.query_labels is None else result.query_labels.tolist(),
                      **({"budget": budget} if budget is not None else {})},

@@ -204,7 +204,8 @@ def select_demonstrations(
     if "budget" in selection.details:
         summary["budget"] = selection.details["budget"]
         summary["queries_used"] = selection.details["budget"]["queries"]
-    for key in ("min_coverage", "split_half", "reliability", "queries_needed"):
+    for key in ("min_coverage", "split_half", "reliability", "queries_needed", "score_split_half",
+                "score_reliability"):
         if key in selection.details:
             summary[key] = selection.details[key]
     if searched is not None:
@@ -248,6 +249,11 @@ def reliability_lines(summary: dict) -> list[str]:
         lines.append(f"warning: the validation set orders the subsets with reliability {summary['reliability']:.2f}; "
                      f"about {summary['queries_needed']} queries (--queries) would give "
                      f"{RELIABILITY_TARGET} (Spearman-Brown)")
+    if summary.get("score_reliability") is not None:
+        lines.append(f"reliability of the candidates' affinity scores: {summary['score_reliability']:.2f} (scores from "
+                     f"two halves of the {summary.get('subsets')} subsets, Spearman-Brown)"
+                     + ("" if summary["score_reliability"] >= RELIABILITY_TARGET else
+                        "; --budget MINUTES grows the subsets toward " + str(RELIABILITY_TARGET)))
     return lines
 
 
