@@ -80,22 +80,23 @@ def run_trust(tasks: Sequence[str], seeds: Sequence[int], out: str | Path, *, ra
     path = out / "trust.json"
     done = {(r["task"], r["seed"]): r for r in json.loads(path.read_text())["runs"]} if path.exists() else {}
     model = tokenizer = None
-    for task in tasks:
-        compressor = base.compressor
-        for seed in seeds:
+    compressors = {task: base.compressor for task in tasks}
+    for seed in seeds:  # seeds outermost: a run stopped early has every task at the first seeds
+        for task in tasks:
             run_dir = out / f"{Path(task).stem}-s{seed}"
             if (task, seed) in done and (run_dir / "report.json").exists():
                 rows.append(done[(task, seed)])
-                compressor = compressor or json.loads((run_dir / "report.json").read_text())["compressor"]["compressor"]
+                compressors[task] = compressors[task] or json.loads(
+                    (run_dir / "report.json").read_text())["compressor"]["compressor"]
                 continue
-            cfg = replace(base, task=task, seed=seed, compressor=compressor)
+            cfg = replace(base, task=task, seed=seed, compressor=compressors[task])
             t0 = time.perf_counter()
             report = run_pipeline(cfg, run_dir)
             if model is None:
                 model, tokenizer = load_model(cfg.model)
             accs = random_test_accuracies(cfg, random, model, tokenizer)
             rows.append(trust_row(report, accs, time.perf_counter() - t0))
-            compressor = compressor or report["compressor"]["compressor"]
+            compressors[task] = compressors[task] or report["compressor"]["compressor"]
             say(f"{task} seed {seed}: handed over {rows[-1]['handed_over']} {rows[-1]['handed_test_accuracy']:.3f}, "
                 f"random median {rows[-1]['random_median']:.3f}, {rows[-1]['seconds'] / 60:.1f} min")
             atomic.write_json(path, {"config": asdict(base), "random": random, "runs": rows})
