@@ -55,6 +55,14 @@ def test_score_split_half_sees_a_real_ranking_and_noise():
     assert math.isnan(score_split_half(subsets[:2], real[:2], n, mean_affinity))
 
 
+def test_reliability_of_disagreeing_halves_is_zero():
+    r = Reliability(loss_half=-0.6, score_half=0.5)
+    assert r.losses == 0.0 and r.scores == pytest.approx(2 / 3)
+    assert r.as_dict() == {"loss_split_half": -0.6, "loss_reliability": 0.0, "score_split_half": 0.5,
+                           "score_reliability": pytest.approx(2 / 3)}
+    assert Reliability(float("nan"), 0.5).as_dict()["loss_reliability"] is None
+
+
 def test_spearman_brown_prophecy_for_subsets():
     # half 0.5 on 40 subsets: reliability 0.67; 0.8 takes a factor 4 on a half of 20 subsets
     assert subsets_for_reliability(0.5, 40, 0.8) == 80

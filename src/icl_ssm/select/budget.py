@@ -57,18 +57,19 @@ def subsets_for_reliability(half: float, subsets: int, target: float = RELIABILI
 
 @dataclass
 class Reliability:
-    """Split-halves (``*_half``) and their Spearman-Brown corrected reliabilities."""
+    """Split-halves (``*_half``) and their Spearman-Brown corrected reliabilities; a split-half of
+    0 or below (the halves disagree) has reliability 0, since the formula means nothing there."""
 
     loss_half: float
     score_half: float
 
     @property
     def losses(self) -> float:
-        return spearman_brown(self.loss_half)
+        return _corrected(self.loss_half)
 
     @property
     def scores(self) -> float:
-        return spearman_brown(self.score_half)
+        return _corrected(self.score_half)
 
     def as_dict(self) -> dict[str, float | None]:
         def fin(x: float) -> float | None:
@@ -154,6 +155,10 @@ def plan_lines(pilot: dict, plan: BudgetPlan, budget_seconds: float, target: flo
             f"of the subset losses {_r(r['loss_reliability'])}, of the candidates' scores {_r(r['score_reliability'])}",
             f"plan for reliability {target}: {plan.subsets} subsets x {plan.queries} queries, about "
             f"{plan.estimated_seconds / 60:.1f} min at most ({why[plan.limited]})"]
+
+
+def _corrected(half: float) -> float:
+    return math.nan if not math.isfinite(half) else spearman_brown(half) if half > 0 else 0.0
 
 
 def _r(x: float | None) -> str:

@@ -94,13 +94,14 @@ def split_half(result: SubsetLosses) -> float:
 
 def reliability(half: float, queries: int, target: float = RELIABILITY_TARGET) -> dict:
     """What the split-half ``half`` measured on ``queries`` validation queries says of the
-    subsets' ranking: ``split_half``; ``reliability``, the whole set's (Spearman-Brown); and
+    subsets' ranking: ``split_half``; ``reliability``, the whole set's (Spearman-Brown; 0 where
+    the halves disagree, ``half <= 0``); and
     ``queries_needed``, the queries Spearman-Brown predicts for a reliability of ``target``
     (None where the halves do not agree at all). All None without a split-half.
     """
     if not math.isfinite(half):
         return {"split_half": None, "reliability": None, "queries_needed": None}
-    return {"split_half": half, "reliability": spearman_brown(half),
+    return {"split_half": half, "reliability": spearman_brown(half) if half > 0 else 0.0,
             "queries_needed": queries_for_reliability(half, queries, target)}
 
 
