@@ -20,7 +20,13 @@ from icl_ssm.compress.pretrained import find_pretrained, load_pretrained
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import Example, get_task
 from icl_ssm.evaluate.answers import evaluate_prefixes, pad_right
-from icl_ssm.evaluate.stats import label_weights, queries_for_reliability, spearman_brown, split_half_spearman
+from icl_ssm.evaluate.stats import (
+    label_weights,
+    queries_for_reliability,
+    spearman,
+    spearman_brown,
+    split_half_spearman,
+)
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.tiny import tiny_model, tiny_tokenizer
 from icl_ssm.select.affinity import AffinitySelector, search_order
@@ -502,3 +508,27 @@ def test_find_pretrained_takes_the_shot_count_nearest_the_one_asked_for(tmp_path
     assert find_pretrained("m", "u", 50) == tmp_path / "c" and find_pretrained("m", "v", 20) is None
     with pytest.raises(ValueError, match=r"shipped: m/t/k=20, m/t/k=50, m/u/k=8, n/t/k=45"):
         load_pretrained("x", "t", k=20)
+
+
+def test_adjusted_estimator_holds_the_label_mix_and_the_ending_fixed():
+    """Losses set by a candidate effect plus the subset's label imbalance and its last label:
+    the mean estimator's scores follow the labels, the adjusted ones the candidates."""
+    from icl_ssm.select.estimators import adjusted_affinity, subset_covariates
+
+    rng = np.random.default_rng(0)
+    n, k, M = 60, 8, 600
+    labels = ["pos" if i % 3 else "neg" for i in range(n)]  # 2/3 positive
+    effect = rng.normal(size=n)  # lower is better
+    subsets = [rng.choice(n, k, replace=False).tolist() for _ in range(M)]
+    cov = subset_covariates(subsets, labels)
+    assert cov.shape == (M, 3) and np.allclose(cov[:, 1], cov[:, 0] ** 2)  # "pos" share, its square, last is "pos"
+    share = cov[:, 0]
+    losses = np.array([0.3 * effect[s].mean() for s in subsets]) + 4 * (share - 0.5) ** 2 + 0.8 * cov[:, 2]
+    losses += 0.02 * rng.normal(size=M)
+    adjusted, _ = adjusted_affinity(subsets, losses, n, labels)
+    mean, _ = mean_affinity(subsets, losses, n)
+    truth = -effect
+    assert spearman(adjusted, truth) > 0.8 > spearman(mean, truth) + 0.2
+    with pytest.raises(ValueError, match="3 labels for a pool of 60"):
+        adjusted_affinity(subsets, losses, n, labels[:3])
+    assert subset_covariates([[0, 1]], ["a", "a"]).shape == (1, 0)  # one label: nothing to hold fixed

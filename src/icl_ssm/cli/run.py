@@ -10,6 +10,7 @@ from icl_ssm.cli.options import add_target, task_options
 from icl_ssm.evaluate.gate import GATE_EVALUATORS
 from icl_ssm.pipeline import RunConfig, run_pipeline, say
 from icl_ssm.report import check_lines, gate_lines
+from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.run import ORDERS
 
 
@@ -54,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test-orders", type=int, default=d.test_orders,
                    help="further random orders of every chosen set scored on the test split (order-averaged)")
     p.add_argument("--subsets", type=int, default=d.subsets, help="affinity subsets (default n / (k eps^2))")
-    p.add_argument("--estimator", default=d.estimator, choices=("mean", "ridge"))
+    p.add_argument("--estimator", default=d.estimator, choices=ESTIMATORS)
     p.add_argument("--per-label", action="store_true",
                    help="every method: the k places shared out evenly over the pool's labels (select --per-label)")
     p.add_argument("--stratify", action="store_true",

@@ -25,7 +25,14 @@ from icl_ssm.select.budget import (
     plan_lines,
     score_split_half,
 )
-from icl_ssm.select.estimators import ESTIMATORS, boundary, indicator, mean_affinity, ridge_affinity
+from icl_ssm.select.estimators import (
+    ESTIMATORS,
+    adjusted_affinity,
+    boundary,
+    indicator,
+    mean_affinity,
+    ridge_affinity,
+)
 from icl_ssm.select.evaluators import (
     CacheEvaluator,
     PerQueryDenseEvaluator,
@@ -140,6 +147,7 @@ class AffinitySelector(Selector):
             return Selection(self.name, list(range(n)), np.zeros(n), details={"estimator": self.estimator})
         first, second = self.plan(n, k)
         labels = [e.target for e in pool]
+        self._labels = labels
         if self.stratify:  # each label's candidates share its places: covering them takes n_y / quota_y subsets
             sizes = Counter(labels)
             need = max(math.ceil(self.coverage * sizes[y] / q) for y, q in label_quotas(labels, k).items())
@@ -236,6 +244,8 @@ class AffinitySelector(Selector):
         return subsets, result, record
 
     def estimate(self, subsets, losses, n) -> tuple[np.ndarray, np.ndarray]:
+        if self.estimator == "adjusted":  # needs the pool's labels, set by select()
+            return adjusted_affinity(subsets, losses, n, self._labels)
         fn = mean_affinity if self.estimator == "mean" else ridge_affinity
         return fn(subsets, losses, n)
 

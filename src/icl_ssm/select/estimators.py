@@ -1,7 +1,9 @@
 """Affinity estimators: from the losses of sampled subsets to one score per candidate. ``mean``
-(the paper's: the mean loss of the subsets that contain it) and ``ridge`` (a linear datamodel
-fitted to the losses, with its reference solver beside it); the top-k boundary for adaptive
-sampling."""
+(the paper's: the mean loss of the subsets that contain it), ``ridge`` (a linear datamodel
+fitted to the losses, with its reference solver beside it) and ``adjusted`` (the datamodel with
+the subset's label shares, their squares and its last demonstration's label as covariates, so
+that a candidate's score is its effect with the label mix and the ending held fixed); the top-k
+boundary for adaptive sampling."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-ESTIMATORS = ("mean", "ridge")
+ESTIMATORS = ("mean", "ridge", "adjusted")
 
 
 def indicator(subsets: Sequence[Sequence[int]], n: int) -> np.ndarray:
@@ -85,6 +87,47 @@ def ridge_affinity(subsets: Sequence[Sequence[int]], losses: np.ndarray, n: int)
     scale = max(float(counts.mean()), 1.0)
     w, _, _ = ridge_fit(X, np.asarray(losses, dtype=np.float64), list(scale * np.logspace(-2, 2, 17)))
     scores = -w
+    scores[counts == 0] = np.nan
+    return scores, mean_affinity(subsets, losses, n)[1]
+
+
+COVARIATE_SCALE = 10.0  # covariate columns scaled up: their ridge penalty is 1/100 of a candidate's
+
+
+def subset_covariates(subsets: Sequence[Sequence[int]], labels: Sequence[str]) -> np.ndarray:
+    """(M, 3(L-1)) for a pool with L labels: every label's share of the subset but the first
+    label's, the squares of those shares (a mix's imbalance acts non-linearly), and one-hot
+    the label of the subset's last demonstration (prompt order is the subset's order)."""
+    kinds = sorted(set(labels))
+    index = {y: i for i, y in enumerate(kinds)}
+    L = len(kinds)
+    out = np.zeros((len(subsets), 3 * max(L - 1, 0)))
+    if L < 2:
+        return out
+    for j, s in enumerate(subsets):
+        share = np.bincount([index[labels[i]] for i in s], minlength=L) / max(len(s), 1)
+        out[j, : L - 1] = share[1:]
+        out[j, L - 1 : 2 * (L - 1)] = share[1:] ** 2
+        last = index[labels[s[-1]]]
+        if last:
+            out[j, 2 * (L - 1) + last - 1] = 1.0
+    return out
+
+
+def adjusted_affinity(subsets: Sequence[Sequence[int]], losses: np.ndarray, n: int,
+                      labels: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The ridge datamodel with :func:`subset_covariates`: ``(scores, stderr)``; ``scores`` are
+    minus the candidates' coefficients (the covariates' are dropped), NaN for unseen candidates;
+    the stderr is the mean estimator's. Penalty by leave-one-out, as in :func:`ridge_affinity`."""
+    if len(labels) != n:
+        raise ValueError(f"adjusted_affinity: {len(labels)} labels for a pool of {n}")
+    X = indicator(subsets, n)
+    counts = X.sum(0)
+    C = subset_covariates(subsets, labels) * COVARIATE_SCALE
+    scale = max(float(counts.mean()), 1.0)
+    w, _, _ = ridge_fit(np.hstack([X, C]), np.asarray(losses, dtype=np.float64),
+                        list(scale * np.logspace(-2, 2, 17)))
+    scores = -w[:n]
     scores[counts == 0] = np.nan
     return scores, mean_affinity(subsets, losses, n)[1]
 
