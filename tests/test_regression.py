@@ -262,3 +262,37 @@ def test_evaluate_teacher_rows():
     assert [(row["k"], row["d1_share"]) for row in result["mixed"]] == [(4, 1.0), (4, 0.5)]
     preds = teacher_predictions(model, *task.sample_prompts(np.random.default_rng(0), 3, 5))
     assert preds.shape == (3, 5)
+
+
+# ---------------------------------------------------------------------------------------
+# the language-model cache code serves the regression teacher
+# ---------------------------------------------------------------------------------------
+
+
+def test_the_cache_paths_serve_a_teacher_that_reads_value_tokens():
+    from icl_ssm.compress.cache import compressed_cache, exact_cache, forward_with_prefix, window_cache
+    from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
+
+    teacher = tiny_teacher()
+    rng = np.random.default_rng(0)
+    xs, ys = rng.normal(size=(3, 7, 4)), rng.normal(size=(3, 7))
+    values = prompt_values(xs, ys).float()  # (3, 14, 5): 7 pairs
+    prefix, query = values[:, :12], values[:, 12:13]  # 6 demonstration pairs, then the 7th x
+    with torch.no_grad():
+        dense = teacher(values=values[:, :13]).predictions[:, -1]
+        exact = forward_with_prefix(teacher, exact_cache(teacher, prefix), query).predictions[:, -1]
+        torch.testing.assert_close(exact, dense, rtol=1e-4, atol=1e-5)  # the exact cache is the dense prompt
+        config = SSMCompressorConfig.for_teacher(teacher.config, state_size=8, num_virtual=2, num_sink=2,
+                                                 latent_size=8, num_recent=4, gate=True)
+        assert config.teacher_vocab_size == 0 and config.teacher_num_layers == 2
+        torch.manual_seed(0)
+        compressor = SSMCompressor(config).eval()
+        cache = compressed_cache(teacher, compressor, prefix)
+        assert cache.keys[0].shape[2] == config.cache_length == 8
+        out = forward_with_prefix(teacher, cache, query).predictions[:, -1]
+        assert out.shape == (3,) and torch.isfinite(out).all()
+        # closed gates: the cache is the sinks and the last 4 tokens, as the window of 4 holds them
+        window = forward_with_prefix(teacher, window_cache(teacher, prefix, None, 2, 4), query).predictions[:, -1]
+        torch.testing.assert_close(out, window, rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError, match=r"attention_mask must have shape \(3, 12\)"):
+        exact_cache(teacher, prefix, torch.ones(3, 5, dtype=torch.bool))

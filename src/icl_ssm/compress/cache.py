@@ -102,13 +102,16 @@ class PrefixCache:
 
 
 def _check_prompt(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
-    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
-        raise ValueError(f"input_ids must be a non-empty (batch, T) tensor, got shape {tuple(input_ids.shape)}")
+    """The bool mask ``(B, T)`` of right-padded prompts: token ids ``(B, T)``, or value tokens
+    ``(B, T, F)`` for a teacher that reads vectors (its ``main_input_name`` is not ``input_ids``)."""
+    if input_ids.ndim not in (2, 3) or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be a non-empty (batch, T) tensor of token ids or (batch, T, F) of value "
+                         f"tokens, got shape {tuple(input_ids.shape)}")
     if attention_mask is None:
-        return torch.ones_like(input_ids, dtype=torch.bool)
-    if attention_mask.shape != input_ids.shape:
+        return torch.ones(input_ids.shape[:2], dtype=torch.bool, device=input_ids.device)
+    if attention_mask.shape != input_ids.shape[:2]:
         raise ValueError(
-            f"attention_mask must have input_ids' shape {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}"
+            f"attention_mask must have shape {tuple(input_ids.shape[:2])} (batch, T), got {tuple(attention_mask.shape)}"
         )
     mask = attention_mask.bool()
     lengths = mask.sum(1)
@@ -126,15 +129,22 @@ def teacher_forward(
     attention_mask: Tensor | None = None,
     **kwargs,
 ):
-    """Dense forward that keeps its cache; position ids count real tokens only."""
-    mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    """Dense forward that keeps its cache; position ids count real tokens only. ``input_ids``
+    goes to the model under its ``main_input_name`` (``values`` for a regression teacher)."""
+    mask = _check_prompt(input_ids, None) if attention_mask is None else attention_mask.bool()
     position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
-    return model(input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids,
+    return model(**tokens_arg(model, input_ids), attention_mask=mask.long(), position_ids=position_ids,
                  use_cache=True, **with_cache(model, DynamicCache()), **kwargs)
 
 
+def tokens_arg(model: PreTrainedModel, tokens: Tensor) -> dict[str, Tensor]:
+    """``{model.main_input_name: tokens}``: ``input_ids`` for a language model."""
+    return {getattr(model, "main_input_name", "input_ids"): tokens}
+
+
 def exact_cache(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | None = None) -> PrefixCache:
-    """The teacher's own K/V of the whole (right-padded) prompt ``input_ids: (B, T)``."""
+    """The teacher's own K/V of the whole (right-padded) prompt ``input_ids: (B, T)`` (or value
+    tokens ``(B, T, F)``)."""
     mask = _check_prompt(input_ids, attention_mask)
     out = teacher_forward(model, input_ids, mask)
     keys, values = kv_from_cache(output_cache(out))
@@ -183,7 +193,7 @@ def compressed_cache(
     input_ids: Tensor,
     attention_mask: Tensor | None = None,
 ) -> PrefixCache:
-    """Sinks + virtual tokens for the prompts ``input_ids: (B, T)`` (right-padded).
+    """Sinks + virtual tokens for the prompts ``input_ids: (B, T)`` or ``(B, T, F)`` (right-padded).
 
     Cost: the teacher on ``num_sink`` tokens, one embedding lookup, the SSM scan and the
     head; no dense prefill.
@@ -214,7 +224,7 @@ def compressed_cache(
         return prefix
     # hybrid: re-encode the last num_recent real tokens on top of sinks + virtual tokens
     cols = (lengths - c.num_recent)[:, None] + torch.arange(c.num_recent, device=input_ids.device)[None]
-    recent = input_ids.gather(1, cols)  # (B, w)
+    recent = input_ids[torch.arange(B, device=input_ids.device)[:, None], cols]  # (B, w) or (B, w, F)
     out = forward_with_prefix(model, prefix, recent)
     keys, values = kv_from_cache(output_cache(out))
     full_mask = torch.ones(B, c.cache_length, dtype=torch.bool, device=input_ids.device)
@@ -246,10 +256,10 @@ def window_cache(
     slot mask so that every row has the same cache length).
     """
     mask = _check_prompt(input_ids, attention_mask)
-    B, T = input_ids.shape
+    B = input_ids.shape[0]
     L = num_sink + n_window
     lengths = mask.sum(1)
-    ids = torch.zeros(B, L, dtype=input_ids.dtype, device=input_ids.device)
+    ids = input_ids.new_zeros((B, L, *input_ids.shape[2:]))
     slot = torch.zeros(B, L, dtype=torch.bool, device=input_ids.device)
     for b in range(B):
         n = int(lengths[b])
@@ -264,7 +274,7 @@ def window_cache(
 
 def query_inputs(model: PreTrainedModel, prefix: PrefixCache, input_ids: Tensor,
                  attention_mask: Tensor | None = None) -> dict:
-    """``model``'s kwargs to run ``input_ids: (B, q)`` after ``prefix`` (same batch size).
+    """``model``'s kwargs to run ``input_ids: (B, q)`` (or ``(B, q, F)``) after ``prefix`` (same batch size).
 
     The query may be left- or right-padded: position ids count its real tokens from
     ``prefix.next_position``.
@@ -274,10 +284,11 @@ def query_inputs(model: PreTrainedModel, prefix: PrefixCache, input_ids: Tensor,
             f"query batch ({input_ids.shape[0]}) must equal the prefix batch ({prefix.batch_size}); "
             "use PrefixCache.select or repeat_interleave"
         )
-    qmask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    qmask = (torch.ones(input_ids.shape[:2], dtype=torch.bool, device=input_ids.device) if attention_mask is None
+             else attention_mask.bool())
     position_ids = prefix.next_position[:, None] + (qmask.long().cumsum(1) - 1).clamp(min=0)
     full_mask = prefix_attention_mask(prefix.mask, qmask, prefix.bias, dtype=prefix.keys[0].dtype)
-    return {"input_ids": input_ids, "attention_mask": full_mask, "position_ids": position_ids,
+    return {**tokens_arg(model, input_ids), "attention_mask": full_mask, "position_ids": position_ids,
             **with_cache(model, prefix.to_dynamic())}
 
 
@@ -288,7 +299,8 @@ def forward_with_prefix(
     attention_mask: Tensor | None = None,
     **kwargs,
 ):
-    """``model(...)`` on the query ``input_ids: (B, q)`` after ``prefix``; logits ``(B, q, vocab)``."""
+    """``model(...)`` on the query ``input_ids: (B, q)`` (or ``(B, q, F)``) after ``prefix``: a
+    language model's output has logits ``(B, q, vocab)``, a regression teacher's predictions ``(B, q)``."""
     return model(**query_inputs(model, prefix, input_ids, attention_mask), use_cache=True, **kwargs)
 
 

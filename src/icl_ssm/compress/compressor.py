@@ -93,11 +93,12 @@ class SSMCompressorConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         for name in ("teacher_num_layers", "teacher_num_kv_heads", "teacher_head_dim",
-                     "teacher_hidden_size", "teacher_vocab_size", "state_size", "num_groups",
-                     "num_virtual", "latent_size"):
+                     "teacher_hidden_size", "state_size", "num_groups", "num_virtual", "latent_size"):
             value = getattr(self, name)
             if value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value}")
+        if self.teacher_vocab_size < 0:  # 0: a teacher that reads value vectors, not token ids
+            raise ValueError(f"teacher_vocab_size must be >= 0, got {self.teacher_vocab_size}")
         for name in ("num_sink", "num_recent"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -128,7 +129,7 @@ class SSMCompressorConfig(PreTrainedConfig):
             teacher_num_kv_heads=kv_heads(teacher_config),
             teacher_head_dim=head_dim(teacher_config),
             teacher_hidden_size=teacher_config.hidden_size,
-            teacher_vocab_size=teacher_config.vocab_size,
+            teacher_vocab_size=getattr(teacher_config, "vocab_size", 0),  # 0: a teacher that reads vectors
             teacher_num_parameters=num_parameters,
             **overrides,
         )
@@ -157,7 +158,7 @@ TEACHER_FIELDS = {
     "teacher_num_kv_heads": ("num_key_value_heads", kv_heads),
     "teacher_head_dim": ("head_dim", head_dim),
     "teacher_hidden_size": ("hidden_size", lambda c: c.hidden_size),
-    "teacher_vocab_size": ("vocab_size", lambda c: c.vocab_size),
+    "teacher_vocab_size": ("vocab_size", lambda c: getattr(c, "vocab_size", 0)),
 }
 
 
