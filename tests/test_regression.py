@@ -296,3 +296,41 @@ def test_the_cache_paths_serve_a_teacher_that_reads_value_tokens():
         torch.testing.assert_close(out, window, rtol=1e-3, atol=1e-3)
     with pytest.raises(ValueError, match=r"attention_mask must have shape \(3, 12\)"):
         exact_cache(teacher, prefix, torch.ones(3, 5, dtype=torch.bool))
+
+
+def test_the_distillation_trains_a_compressor_for_the_regression_teacher(tmp_path):
+    """The same two-stage training (KV alignment, then predictions, hidden states, ranking) on
+    targets from the regression teacher; stage 2 brings the compressed predictions closer."""
+    from icl_ssm.compress.cache import compressed_cache, forward_with_prefix
+    from icl_ssm.compress.compressor import load_compressor
+    from icl_ssm.distill.regression import regression_targets
+    from icl_ssm.distill.train import DistillConfig, train
+
+    teacher = tiny_teacher(max_pairs=12)
+    task = RegressionTask("linear", d=4, clusters=2, seed=0)
+    shape = dict(state_size=8, num_virtual=2, num_sink=2, latent_size=8, num_recent=2, gate=False)
+    targets = regression_targets(teacher, task, samples=16, k=6, queries=4, group_size=4, pool_size=30,
+                                 num_sink=2, num_virtual=2, num_recent=2, seed=0)
+    assert len(targets) == 16 and [e.group for e in targets.episodes[:5]] == [0, 0, 0, 0, 1]
+    first = targets.get(0)
+    assert first["prompt_values"].shape == (12, 5) and first["query_values"].shape == (4, 1, 5)
+    assert first["pool_k"].shape == (2, 2, 2, 8) and first["hidden"].shape == (4, 2, 32)
+    cfg = DistillConfig(model="regression-tiny", tasks=("synthetic-linear",), k=6, samples=16, queries=4,
+                        group_size=4, stage1_epochs=2, stage2_epochs=8, stage1_lr=3e-3, stage2_lr=3e-3,
+                        warmup_ratio=0.0, checkpoint_every=1000, system="scale_invariant", **shape)
+    (tmp_path / "comp").mkdir()
+    compressor = train(teacher, targets, cfg, tmp_path / "comp")
+    history = [json.loads(line) for line in (tmp_path / "comp" / "history.jsonl").read_text().splitlines()]
+    stage2 = [h["mse"] for h in history if h["stage"] == 2]
+    assert stage1_ok(history) and np.mean(stage2[-4:]) < np.mean(stage2[:4])
+    loaded = load_compressor(tmp_path / "comp", teacher.config)
+    with torch.no_grad():
+        values = first["prompt_values"][None]
+        a = forward_with_prefix(teacher, compressed_cache(teacher, compressor, values), first["query_values"][:1])
+        b = forward_with_prefix(teacher, compressed_cache(teacher, loaded, values), first["query_values"][:1])
+    torch.testing.assert_close(a.predictions, b.predictions)
+
+
+def stage1_ok(history):
+    kv = [h["kv"] for h in history if h["stage"] == 1]
+    return len(kv) > 0 and all(np.isfinite(kv))

@@ -206,6 +206,8 @@ def group_losses(model, compressor: SSMCompressor, episodes: list[dict], cfg: Di
     """Losses of one group of episodes (same queries), on the model's device. Returns scalar tensors."""
     device = model.device
     episodes = [_on(e, device) for e in episodes]
+    if "prompt_values" in episodes[0]:  # a teacher that reads value tokens (distill.regression)
+        return regression_group_losses(model, compressor, episodes, cfg, stage)
     prompt_ids, prompt_mask = (t.to(device) for t in pad_ids([e["prompt_ids"] for e in episodes]))
     if stage == 1:
         with torch.no_grad():
@@ -237,6 +239,37 @@ def group_losses(model, compressor: SSMCompressor, episodes: list[dict], cfg: Di
         loss = loss + cfg.lambda_label * lab
         out["label"] = lab.detach()
     return {"loss": loss, **out}
+
+
+def regression_group_losses(model, compressor: SSMCompressor, episodes: list[dict], cfg: DistillConfig,
+                            stage: int) -> dict:
+    """:func:`group_losses` for a regression teacher: stage 1 the same KV alignment; stage 2 the
+    squared error between the predictions after the compressed cache and after the dense prompt
+    (``lambda_kl``, the KL's place), the hidden-state loss, and the ranking term on the subsets'
+    squared errors against the true targets."""
+    values = torch.stack([e["prompt_values"] for e in episodes])  # (S, 2k, F): one k per group
+    mask = torch.ones(values.shape[:2], dtype=torch.bool, device=values.device)
+    if stage == 1:
+        with torch.no_grad():
+            embeds = model.get_input_embeddings()(values)
+        virtual = compressor(embeds, mask)
+        loss = kv_alignment_loss(virtual.keys, virtual.values, torch.stack([e["pool_k"] for e in episodes]),
+                                 torch.stack([e["pool_v"] for e in episodes]))
+        return {"loss": loss, "kv": loss.detach()}
+    S, Q = len(episodes), episodes[0]["query_values"].shape[0]
+    prefix = compressed_cache(model, compressor, values, mask).repeat_interleave(Q)
+    queries = torch.cat([e["query_values"] for e in episodes])  # (S*Q, 1, F)
+    out = forward_with_prefix(model, prefix, queries, output_hidden_states=True)
+    pred = out.predictions[:, -1].float()
+    hidden = torch.stack([h[:, -1] for h in out.hidden_states[1:]], dim=1)
+    teacher = torch.cat([e["prediction"] for e in episodes])
+    target = torch.cat([e["target"] for e in episodes])
+    mse = ((pred - teacher) ** 2).mean()
+    hid = hidden_loss(hidden, torch.cat([e["hidden"] for e in episodes])).mean()
+    student_se, teacher_se = ((pred - target) ** 2).view(S, Q), ((teacher - target) ** 2).view(S, Q)
+    rank = rank_loss(student_se, teacher_se, cfg.rank_level) if S > 1 else pred.new_zeros(())
+    loss = cfg.lambda_kl * mse + cfg.lambda_hidden * hid + cfg.lambda_rank * rank
+    return {"loss": loss, "mse": mse.detach(), "hidden": hid.detach(), "rank": rank.detach()}
 
 
 class TrainingDiverged(RuntimeError):
