@@ -334,3 +334,41 @@ def test_the_distillation_trains_a_compressor_for_the_regression_teacher(tmp_pat
 def stage1_ok(history):
     kv = [h["kv"] for h in history if h["stage"] == 1]
     return len(kv) > 0 and all(np.isfinite(kv))
+
+
+def test_regression_evaluator_scores_subsets_as_the_dense_prompt_does():
+    from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
+    from icl_ssm.select.affinity import AffinitySelector
+    from icl_ssm.select.regression import RegressionEvaluator, nearest_prompts, split_examples, test_errors
+
+    teacher = tiny_teacher(max_pairs=12)
+    task = RegressionTask("linear", d=4, clusters=2, seed=0)
+    split = task.sample_selection(np.random.default_rng(0), 20, 0.5, 3, 5)
+    pool, valid, test = split_examples(split)
+    dense = RegressionEvaluator(teacher, split, "dense", batch=2)
+    subsets = [[0, 1, 2], [5, 3, 9], [19, 4, 7]]
+    got = dense.evaluate(pool, valid, subsets)
+    with torch.no_grad():
+        for s, loss, per_query in zip(subsets, got.losses, got.query_losses, strict=True):
+            for j in range(3):
+                xs = np.concatenate([split.pool_x[s], split.valid_x[j:j + 1]])[None]
+                ys = np.concatenate([split.pool_y[s], [0.0]])[None]
+                pred = teacher(values=prompt_values(xs, ys)[:, :-1]).predictions[0, -1].item()
+                assert per_query[j] == pytest.approx((pred - split.valid_y[j]) ** 2, rel=1e-4, abs=1e-6)
+            assert loss == pytest.approx(per_query.mean())
+    assert got.cost.flops > 0 and got.tokens == 3 * (6 + 3)
+    config = SSMCompressorConfig.for_teacher(teacher.config, state_size=8, num_virtual=2, num_sink=2, latent_size=8)
+    compressed = RegressionEvaluator(teacher, split, "compressed", SSMCompressor(config).eval())
+    assert compressed.evaluate(pool, valid[:2], subsets).query_losses.shape == (3, 2)
+    window = RegressionEvaluator(teacher, split, "window", n_window=2, num_sink=2)
+    assert window.evaluate(pool, valid, subsets).losses.shape == (3,)
+    sel = AffinitySelector(dense, subsets=12).select(pool, valid, 3, np.random.default_rng(0))
+    assert len(sel.indices) == 3 and sel.details["evaluator"] == "dense"
+    one = test_errors(teacher, split, [sel.indices])
+    assert one.shape == (5,) and np.isfinite(one).all()
+    near = nearest_prompts(split, 3)
+    d = ((split.pool_x - split.test_x[0]) ** 2).sum(1)
+    assert len(near) == 5 and near[0][-1] == int(np.argmin(d))
+    assert test_errors(teacher, split, near).shape == (5,)
+    with pytest.raises(ValueError, match="cache='nope'"):
+        RegressionEvaluator(teacher, split, "nope")
