@@ -402,3 +402,36 @@ def test_cache_paths_use_the_installed_transformers_cache_argument():
         joined = prefix.extended(output_cache(out), torch.ones(2, 3, dtype=torch.bool))
         new = generate_with_prefix(model, prefix, ids[:, 7:], max_new_tokens=2, do_sample=False)
     assert joined.length == 10 and new.shape == (2, 2)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_ssm_can_read_the_states_after_the_first_layers(arch):
+    """ssm_input="layer:l": the SSM reads the teacher's hidden states after l layers, the same
+    states the full model computes there, and the cache costs those layers on top."""
+    from icl_ssm.compress.cache import summary_inputs
+    from icl_ssm.cost import measure
+    from icl_ssm.lm.hf import hidden_after_layers
+
+    model = tiny_model(arch, num_hidden_layers=4).eval()
+    ids = torch.randint(3, 100, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, 9:] = False
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask.long(), output_hidden_states=True).hidden_states
+        got = hidden_after_layers(model, model.get_input_embeddings()(ids), mask, 2)
+        torch.testing.assert_close(got[mask], full[2][mask], rtol=1e-4, atol=1e-5)
+        assert len(model.model.layers) == 4 and not isinstance(model.model.norm, torch.nn.Identity)  # restored
+        shape = dict(state_size=8, num_virtual=2, num_sink=2, latent_size=8)
+        plain = SSMCompressor(SSMCompressorConfig.for_teacher(model.config, **shape)).eval()
+        deep = SSMCompressor(SSMCompressorConfig.for_teacher(model.config, ssm_input="layer:2", **shape)).eval()
+        states, _ = summary_inputs(model, deep, ids, mask)
+        torch.testing.assert_close(states[mask], full[2][mask], rtol=1e-4, atol=1e-5)
+        with measure() as a:
+            compressed_cache(model, plain, ids, mask)
+        with measure() as b:
+            compressed_cache(model, deep, ids, mask)
+    assert b.flops > a.flops
+    with pytest.raises(ValueError, match="ssm_input='layer:4'; accepted: 'embeddings' or 'layer:l' with 1 <= l < 4"):
+        SSMCompressorConfig.for_teacher(model.config, ssm_input="layer:4", **shape)
+    with pytest.raises(ValueError, match="layers=0: expected 1..3"):
+        hidden_after_layers(model, model.get_input_embeddings()(ids), mask, 0)

@@ -32,7 +32,14 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
 from icl_ssm.compress.compressor import SSMCompressor
-from icl_ssm.lm.hf import accepts_logits_to_keep, kv_from_cache, output_cache, prefix_attention_mask, with_cache
+from icl_ssm.lm.hf import (
+    accepts_logits_to_keep,
+    hidden_after_layers,
+    kv_from_cache,
+    output_cache,
+    prefix_attention_mask,
+    with_cache,
+)
 from icl_ssm.lm.scoring import greedy_generate
 
 
@@ -170,7 +177,8 @@ def sink_kv(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | 
 
 def summary_inputs(model: PreTrainedModel, compressor: SSMCompressor, input_ids: Tensor,
                    attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """What the compressor reads of right-padded prompts: the token embeddings ``(B, T, H)`` and
+    """What the compressor reads of right-padded prompts: the token embeddings ``(B, T, H)`` (or,
+    with ``ssm_input="layer:l"``, the teacher's hidden states after its first ``l`` layers) and
     the mask ``(B, T)`` of the tokens before the ``num_recent`` exact ones (all real tokens
     when there are none)."""
     c = compressor.config
@@ -184,7 +192,11 @@ def summary_inputs(model: PreTrainedModel, compressor: SSMCompressor, input_ids:
             )
         # the SSM reads everything before the recent tokens
         mask = torch.arange(mask.shape[1], device=mask.device)[None] < (lengths - c.num_recent)[:, None]
-    return model.get_input_embeddings()(input_ids), mask
+    embeds = model.get_input_embeddings()(input_ids)
+    layer = c.input_layer
+    if layer:  # causal: the states before the recent tokens are those of the prompt without them
+        embeds = hidden_after_layers(model, embeds, _check_prompt(input_ids, attention_mask), layer)
+    return embeds, mask
 
 
 def compressed_cache(

@@ -88,6 +88,7 @@ class SSMCompressorConfig(PreTrainedConfig):
     position: str = "compressed"
     gate: bool = False
     gate_init: float = -6.0
+    ssm_input: str = "embeddings"  # what the SSM scans: the token embeddings or "layer:l", the states after l layers
     initializer_range: float = 0.02
 
     def __post_init__(self, **kwargs):
@@ -114,6 +115,7 @@ class SSMCompressorConfig(PreTrainedConfig):
             raise ValueError(f"dt must be a finite number > 0, got {self.dt}")
         check_learn_dt(self.learn_dt, self.system)
         check_channels(self.channels, self.state_size)
+        self.input_layer  # noqa: B018 - validates ssm_input
         if not math.isfinite(self.gate_init):
             raise ValueError(f"gate_init must be a finite number, got {self.gate_init}")
 
@@ -139,6 +141,17 @@ class SSMCompressorConfig(PreTrainedConfig):
         m, g = self.teacher_num_layers, self.num_groups
         bounds = [i * (m // g) + min(i, m % g) for i in range(g + 1)]  # numpy.array_split's rule
         return [list(range(bounds[i], bounds[i + 1])) for i in range(g)]
+
+    @property
+    def input_layer(self) -> int:
+        """0 for ``ssm_input="embeddings"``, ``l`` for ``"layer:l"`` (1 <= l < the teacher's layers)."""
+        if self.ssm_input == "embeddings":
+            return 0
+        kind, _, value = self.ssm_input.partition(":")
+        if kind != "layer" or not value.isdigit() or not 1 <= int(value) < self.teacher_num_layers:
+            raise ValueError(f"ssm_input={self.ssm_input!r}; accepted: 'embeddings' or 'layer:l' with "
+                             f"1 <= l < {self.teacher_num_layers} (the teacher's layers)")
+        return int(value)
 
     @property
     def cache_length(self) -> int:

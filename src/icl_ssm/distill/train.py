@@ -42,7 +42,8 @@ from icl_ssm.lm.prompts import pad_ids
 from icl_ssm.ssm.layer import check_learn_dt
 
 COMPRESSOR_FIELDS = ("state_size", "channels", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size",
-                     "system", "dt", "learn_dt", "method", "control", "standardize", "position", "gate", "gate_init")
+                     "system", "dt", "learn_dt", "method", "control", "standardize", "position", "gate", "gate_init",
+                     "ssm_input")
 
 
 @dataclass
@@ -84,6 +85,7 @@ class DistillConfig:
     position: str = "compressed"
     gate: bool = True
     gate_init: float = -4.0
+    ssm_input: str = "embeddings"  # what the SSM scans: embeddings, or "layer:l" (the states after l layers)
     gate_lr: float = 0.1  # the gates' own learning rate (same schedule): a gate moves ~lr per step under Adam
     # stage 1 (the paper's code: lr 3e-4, 2 epochs)
     stage1_epochs: float = 2.0
@@ -165,6 +167,8 @@ FIELD_HELP = {
     "position": "position ids after the cache: compressed (count cache slots) or original (prompt length)",
     "gate": "a learned attention bias per virtual token, starting at --gate-init (nearly closed)",
     "gate_init": "starting gate bias (very negative: the untrained cache is the sinks + recent window)",
+    "ssm_input": "what the SSM scans: embeddings (the paper), or layer:l, the teacher's hidden states after its "
+                 "first l layers (they can carry interactions of tokens; cost l/L of a dense prefill)",
     "gate_lr": "learning rate of the gates",
     "stage1_epochs": "stage 1 (KV alignment to the pooled teacher K/V) epochs",
     "stage1_lr": "stage 1 learning rate",
@@ -210,9 +214,9 @@ def group_losses(model, compressor: SSMCompressor, episodes: list[dict], cfg: Di
         return regression_group_losses(model, compressor, episodes, cfg, stage)
     prompt_ids, prompt_mask = (t.to(device) for t in pad_ids([e["prompt_ids"] for e in episodes]))
     if stage == 1:
-        with torch.no_grad():
-            embeds = model.get_input_embeddings()(prompt_ids)
-        virtual = compressor(embeds, prompt_mask)
+        with torch.no_grad():  # what the SSM reads at inference, over the same tokens
+            embeds, summary_mask = summary_inputs(model, compressor, prompt_ids, prompt_mask)
+        virtual = compressor(embeds, summary_mask)
         pool_k = torch.stack([e["pool_k"] for e in episodes])
         pool_v = torch.stack([e["pool_v"] for e in episodes])
         loss = kv_alignment_loss(virtual.keys, virtual.values, pool_k, pool_v)
@@ -251,8 +255,8 @@ def regression_group_losses(model, compressor: SSMCompressor, episodes: list[dic
     mask = torch.ones(values.shape[:2], dtype=torch.bool, device=values.device)
     if stage == 1:
         with torch.no_grad():
-            embeds = model.get_input_embeddings()(values)
-        virtual = compressor(embeds, mask)
+            embeds, summary_mask = summary_inputs(model, compressor, values, mask)
+        virtual = compressor(embeds, summary_mask)
         loss = kv_alignment_loss(virtual.keys, virtual.values, torch.stack([e["pool_k"] for e in episodes]),
                                  torch.stack([e["pool_v"] for e in episodes]))
         return {"loss": loss, "kv": loss.detach()}

@@ -40,6 +40,36 @@ def prefix_attention_mask(
     return torch.cat([prefix[:, None].expand(B, q, -1), after], dim=2)[:, None]  # (B, 1, q, L + S)
 
 
+def decoder_stack(model: PreTrainedModel):
+    """The module that holds a model's decoder ``layers`` and final ``norm`` (``model.model`` of
+    a causal LM, ``backbone`` of a regression teacher)."""
+    for name in ("backbone", "model"):
+        inner = getattr(model, name, None)
+        if inner is not None and hasattr(inner, "layers") and hasattr(inner, "norm"):
+            return inner
+    raise ValueError(f"{type(model).__name__} has no decoder stack with .layers and .norm that the SSM could read "
+                     "a layer of; use ssm_input='embeddings'")
+
+
+def hidden_after_layers(model: PreTrainedModel, inputs_embeds: Tensor, mask: Tensor, layers: int) -> Tensor:
+    """The hidden states ``(B, T, H)`` after the first ``layers`` decoder layers (before the final
+    norm) of right-padded prompts ``inputs_embeds: (B, T, H)`` with ``mask: (B, T)``: the
+    decoder stack run with its later layers and its norm left out, which costs ``layers / L``
+    of a dense prefill."""
+    inner = decoder_stack(model)
+    if not 1 <= layers < len(inner.layers):
+        raise ValueError(f"layers={layers}: expected 1..{len(inner.layers) - 1} of the model's {len(inner.layers)}")
+    all_layers, norm = inner.layers, inner.norm
+    position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
+    try:
+        inner.layers, inner.norm = torch.nn.ModuleList(list(all_layers)[:layers]), torch.nn.Identity()
+        out = inner(inputs_embeds=inputs_embeds, attention_mask=mask.long(), position_ids=position_ids,
+                    use_cache=False)
+    finally:
+        inner.layers, inner.norm = all_layers, norm
+    return out.last_hidden_state
+
+
 _LOGITS_TO_KEEP: dict[type, bool] = {}
 
 
