@@ -372,3 +372,34 @@ def test_regression_evaluator_scores_subsets_as_the_dense_prompt_does():
     assert test_errors(teacher, split, near).shape == (5,)
     with pytest.raises(ValueError, match="cache='nope'"):
         RegressionEvaluator(teacher, split, "nope")
+
+
+def test_the_synthetic_command_runs_the_study_on_tiny_settings(tmp_path, capsys):
+    from icl_ssm.cli import main
+
+    teacher, comp = str(tmp_path / "teacher"), str(tmp_path / "comp")
+    assert main(["synthetic", "train", "--out", teacher, "--dims", "4", "--clusters", "2", "--max-pairs", "8",
+                 "--hidden-size", "32", "--steps", "20", "--batch", "8"]) == 0
+    shape = ["--state-size", "8", "--num-virtual", "2", "--num-sink", "2", "--latent-size", "8"]
+    assert main(["synthetic", "distill", "--teacher", teacher, "--out", comp, "--k", "4", "--samples", "8",
+                 *shape]) == 0
+    assert main(["synthetic", "distill", "--teacher", teacher, "--out", comp + "-c", "--k", "4", "--samples", "8",
+                 "--control", "--ssm-input", "layer:1", *shape]) == 0
+    capsys.readouterr()
+    out = tmp_path / "select"
+    assert main(["synthetic", "select", "--teacher", teacher, "--compressor", comp, "--k", "3", "5", "--seeds", "0",
+                 "1", "--subsets", "12", "--queries", "3", "--pool-size", "20", "--out", str(out)]) == 0
+    result = json.loads((out / "select.json").read_text())
+    methods = {r["method"] for r in result["summary"]}
+    assert methods == {"random", "topk", "affinity-dense", "affinity-compressed"}
+    assert {r["k"] for r in result["summary"]} == {3, 5} and all(r["seeds"] == 2 for r in result["summary"])
+    assert {s["subsets"] for s in result["scores"]} == {10} and (out / "select.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| 5 | affinity-compressed |" in (out / "select.md").read_text()
+    capsys.readouterr()
+    assert main(["synthetic", "fidelity", "--teacher", teacher, "--compressor", comp, "--control", comp + "-c",
+                 "--k", "4", "--subsets", "8", "--queries", "3"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {"compressed", "control", "window", "dense", "paired", "flop_ratio"} <= set(report)
+    assert main(["synthetic", "probe", "--teacher", teacher, "--compressor", comp, "--k", "4", "--pairs", "6"]) == 0
+    probe = json.loads(capsys.readouterr().out)
+    assert 0 <= probe["compressed"]["higher_share"] <= 1 and probe["dense"]["flipped"] > 0

@@ -207,7 +207,7 @@ def flipped_probe(teacher_dir: str | Path, compressor_dir: str | Path, *, k: int
     rng = np.random.default_rng([seed, 14])
     split = task.sample_selection(rng, pool_size := 4 * k, 1.0, queries, 1, query_cluster=0)
     other = 1 % task.clusters
-    flipped_y = task.target(split.pool_x, other) + task._noise(rng, len(split.pool_y))
+    flipped_y = task.target(split.pool_x, other) + task.noise(rng, len(split.pool_y))
     broken = replace(split, pool_y=flipped_y.astype(np.float32))
     subs = balanced_subsets(pool_size, k, pairs, np.random.default_rng([seed, 15]))
     out: dict[str, Any] = {"k": k, "pairs": pairs, "queries": queries}
@@ -220,3 +220,39 @@ def flipped_probe(teacher_dir: str | Path, compressor_dir: str | Path, *, k: int
         out[name] = {"right": float(right.mean()), "flipped": float(wrong.mean()), "diff": float(diff.mean()),
                      "ci95": list(interval(draws)), "higher_share": float((diff > 0).mean())}
     return out
+
+
+def select_markdown(result: dict) -> str:
+    """The selection study's summary table and the D1/D2 score table."""
+    lines = ["| k | method | test MSE (mean ± sd over seeds) | D1 share | FLOPs per subset |",
+             "|---:|---|---:|---:|---:|"]
+    for r in result["summary"]:
+        sd = "" if r["mse_sd"] is None else f" ± {r['mse_sd']:.3f}"
+        flops = f"{r['flops_per_subset'] / 1e6:.2f} M" if "flops_per_subset" in r else "-"
+        lines.append(f"| {r['k']} | {r['method']} | {r['mse']:.3f}{sd} | {r['d1_share']:.2f} | {flops} |")
+    if result["scores"]:
+        lines += ["", "| evaluator | subsets | mean score D1 | mean score D2 |", "|---|---:|---:|---:|"]
+        for ev in sorted({s["evaluator"] for s in result["scores"]}):
+            for m in sorted({s["subsets"] for s in result["scores"]}):
+                at = [s for s in result["scores"] if s["evaluator"] == ev and s["subsets"] == m]
+                lines.append(f"| {ev} | {m} | {np.mean([s['d1_mean_score'] for s in at]):.3f} | "
+                             f"{np.mean([s['d2_mean_score'] for s in at]):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_select(result: dict, path: str | Path) -> None:
+    """Test MSE against k, one line per method (error bars: sd over seeds), as a PNG."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.0), dpi=120, layout="constrained")
+    ax = fig.add_subplot()
+    for method in dict.fromkeys(r["method"] for r in result["summary"]):
+        at = [r for r in result["summary"] if r["method"] == method]
+        ax.errorbar([r["k"] for r in at], [r["mse"] for r in at], yerr=[r["mse_sd"] or 0.0 for r in at],
+                    marker="o", capsize=3, label=method)
+    ax.set_xlabel("k (demonstrations)")
+    ax.set_ylabel("test MSE")
+    ax.set_title(f"{result['task']['function_class']} regression, pool {result['pool_size']} "
+                 f"({result['d1_share']:.0%} D1)")
+    ax.legend()
+    atomic.write_with(Path(path), lambda f: fig.savefig(f, format="png"))

@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "select": "icl_ssm.cli.select",
     "run": "icl_ssm.cli.run",
     "bench": "icl_ssm.cli.bench",
+    "synthetic": "icl_ssm.cli.synthetic",
 }
 
 

@@ -146,7 +146,7 @@ class RegressionTask:
                 raise ValueError("sample_points: give n when cluster is a single int")
             cluster = np.full(n, int(cluster))
         x = rng.standard_normal((cluster.shape[0], self.d)).astype(np.float32)
-        y = self.target(x, cluster) + self._noise(rng, cluster.shape)
+        y = self.target(x, cluster) + self.noise(rng, cluster.shape)
         return x, y
 
     def sample_prompts(self, rng: np.random.Generator, n: int, points: int, dims: int | None = None):
@@ -178,7 +178,7 @@ class RegressionTask:
             w1 = rng.standard_normal((n, self.d, h)).astype(np.float32)
             w2 = rng.standard_normal((n, h)).astype(np.float32)
             f = _relu_scale(h, dims) * np.einsum("nph,nh->np", np.maximum(np.einsum("npd,ndh->nph", xs, w1), 0), w2)
-        return xs, (f + self._noise(rng, (n, points))).astype(np.float32)
+        return xs, (f + self.noise(rng, (n, points))).astype(np.float32)
 
     def sample_selection(
         self,
@@ -210,7 +210,8 @@ class RegressionTask:
 
     # ------------------------------------------------------------------ helpers
 
-    def _noise(self, rng: np.random.Generator, shape) -> np.ndarray:
+    def noise(self, rng: np.random.Generator, shape) -> np.ndarray:
+        """Target noise N(0, sigma^2) of ``shape``, float32."""
         return (self.sigma * rng.standard_normal(shape)).astype(np.float32)
 
     def _check_x(self, x: np.ndarray, name: str) -> np.ndarray:

@@ -1,0 +1,130 @@
+"""``icl-ssm synthetic``: the paper's in-context regression study. ``train`` a regression
+teacher, ``distill`` a compressor (or its control) for it, then ``select`` (test error against
+k per method, the D1 share, D1/D2 scores, FLOPs; JSON and PNG), ``fidelity`` (subset-loss
+Spearman against the dense prompt beside control and window) and ``probe`` (flipped targets)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from icl_ssm import atomic
+
+
+def _train(args: argparse.Namespace) -> int:
+    from icl_ssm.data.regression import RegressionTask
+    from icl_ssm.lm.regression import RegressionTeacherConfig, train_teacher
+
+    task = RegressionTask(args.function, d=args.dims, clusters=args.clusters, sigma=args.sigma, seed=args.task_seed)
+    config = RegressionTeacherConfig(n_dims=args.dims, max_pairs=args.max_pairs, num_hidden_layers=args.layers,
+                                     hidden_size=args.hidden_size)
+    train_teacher(config, task, args.out, steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
+                  log=lambda line: print(line, file=sys.stderr, flush=True))
+    print(args.out)
+    return 0
+
+
+def _distill(args: argparse.Namespace) -> int:
+    from icl_ssm.synthetic import distill_synthetic
+
+    overrides = {"ssm_input": args.ssm_input}
+    for name in ("state_size", "num_virtual", "num_sink", "num_recent", "latent_size", "stage1_epochs",
+                 "stage2_epochs"):
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
+    print(distill_synthetic(args.teacher, args.out, k=args.k, samples=args.samples, seed=args.seed,
+                            control=args.control, **overrides))
+    return 0
+
+
+def _select(args: argparse.Namespace) -> int:
+    from icl_ssm.synthetic import plot_select, select_markdown, select_study
+
+    result = select_study(args.teacher, args.compressor, ks=args.k, seeds=args.seeds, subsets=args.subsets,
+                          queries=args.queries, pool_size=args.pool_size,
+                          say=lambda line: print(line, file=sys.stderr, flush=True))
+    out = atomic.prepare_dir(args.out)
+    atomic.write_json(out / "select.json", result)
+    atomic.write_text(out / "select.md", select_markdown(result))
+    plot_select(result, out / "select.png")
+    print(select_markdown(result))
+    return 0
+
+
+def _fidelity(args: argparse.Namespace) -> int:
+    from icl_ssm.synthetic import fidelity_study
+
+    print(json.dumps(fidelity_study(args.teacher, args.compressor, args.control, k=args.k, subsets=args.subsets,
+                                    queries=args.queries), indent=1))
+    return 0
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from icl_ssm.synthetic import flipped_probe
+
+    print(json.dumps(flipped_probe(args.teacher, args.compressor, k=args.k, pairs=args.pairs), indent=1))
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("synthetic", help="the paper's in-context regression study: teacher, compressor, "
+                            "selection, fidelity, flipped-target probe")
+    kinds = parser.add_subparsers(dest="synthetic", metavar="STEP", required=True)
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    p = kinds.add_parser("train", help="train a regression teacher from scratch (Garg et al.'s prompts)",
+                         formatter_class=fmt)
+    p.add_argument("--function", choices=("linear", "relu"), default="linear")
+    p.add_argument("--out", required=True, help="directory for the teacher")
+    p.add_argument("--dims", type=int, default=20)
+    p.add_argument("--clusters", type=int, default=4, help="fixed functions of the selection setting (D1 is one)")
+    p.add_argument("--sigma", type=float, default=0.25, help="noise of the targets")
+    p.add_argument("--task-seed", type=int, default=0, help="draws the clusters' functions")
+    p.add_argument("--max-pairs", type=int, default=40, help="longest prompt trained on, in (x, y) pairs")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--steps", type=int, default=28000)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_train)
+    p = kinds.add_parser("distill", help="distil a compressor (or --control) for a teacher", formatter_class=fmt)
+    p.add_argument("--teacher", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--k", type=int, default=20, help="demonstrations per training prompt")
+    p.add_argument("--samples", type=int, default=2048, help="training prompts")
+    p.add_argument("--ssm-input", default="embeddings", help="embeddings or layer:l")
+    p.add_argument("--control", action="store_true", help="the prompt-independent control")
+    for name in ("state_size", "num_virtual", "num_sink", "num_recent", "latent_size"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=None, help="default: the synthetic recipe")
+    for name in ("stage1_epochs", "stage2_epochs"):
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=None, help="default: the synthetic recipe")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_distill)
+    p = kinds.add_parser("select", help="test error against k: random, top-k, affinity (dense, compressed)",
+                         formatter_class=fmt)
+    p.add_argument("--teacher", required=True)
+    p.add_argument("--compressor", help="without it, affinity runs on dense caches only")
+    p.add_argument("--k", type=int, nargs="+", default=[5, 10, 20, 40])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--subsets", type=int, default=200)
+    p.add_argument("--queries", type=int, default=16)
+    p.add_argument("--pool-size", type=int, default=200)
+    p.add_argument("--out", required=True, help="directory for select.json, select.md and select.png")
+    p.set_defaults(func=_select)
+    p = kinds.add_parser("fidelity", help="subset-loss Spearman against the dense prompt, with control and window",
+                         formatter_class=fmt)
+    p.add_argument("--teacher", required=True)
+    p.add_argument("--compressor", required=True)
+    p.add_argument("--control")
+    p.add_argument("--k", type=int, default=20)
+    p.add_argument("--subsets", type=int, default=64)
+    p.add_argument("--queries", type=int, default=16)
+    p.set_defaults(func=_fidelity)
+    p = kinds.add_parser("probe", help="flipped targets: does the cache see whether the targets are right?",
+                         formatter_class=fmt)
+    p.add_argument("--teacher", required=True)
+    p.add_argument("--compressor", required=True)
+    p.add_argument("--k", type=int, default=20)
+    p.add_argument("--pairs", type=int, default=64)
+    p.set_defaults(func=_probe)
