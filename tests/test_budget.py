@@ -108,16 +108,26 @@ def test_a_budgeted_selection_runs_pilot_plan_and_main_round():
     sel = selector.select(pool, validation, k, np.random.default_rng(0))
     record = sel.details["budget"]
     pilot = record["pilot"]
-    assert (pilot["subsets"], pilot["queries"]) == (selector.pilot_size(n, k), 8) == (20, 8)
-    assert evaluator.calls[0] == (20, 8)  # the pilot, one chunk... then the main round on the planned queries
+    assert (pilot["subsets"], pilot["queries"]) == (selector.pilot_size(n, k), 8) == (10, 8)
+    assert evaluator.calls[0] == (10, 8)  # the pilot, one chunk... then the main round on the planned queries
     assert record["queries"] == record["plan"]["queries"] > 8 and sel.subsets == record["plan"]["subsets"]
     assert all(q == record["queries"] for _, q in evaluator.calls[1:])
-    assert totals == [2 * 20 + (sel.subsets - 20)]  # the pilot's subsets scored again on more queries
-    assert said[0].startswith("pilot: 20 subsets x 8 queries") and said[1].startswith("plan for reliability 0.8")
+    assert totals == [2 * 10 + (sel.subsets - 10)]  # the pilot's subsets scored again on more queries
+    assert said[0].startswith("pilot: 10 subsets x 8 queries") and said[1].startswith("plan for reliability 0.8")
     assert said[2].startswith("reached: reliability of the subset losses")
     assert record["reached"]["score_reliability"] > pilot["reliability"]["score_reliability"]
     assert spearman(sel.scores, quality) > 0.7 and min(sel.indices) >= n // 2  # the better half is found
-    assert sel.cost.seconds == pytest.approx(0.01 * (20 * 8 + sel.subsets * record["queries"]))  # pilot counted
+    assert sel.cost.seconds == pytest.approx(0.01 * (10 * 8 + sel.subsets * record["queries"]))  # pilot counted
+
+
+def test_a_budget_the_pilot_spends_keeps_the_pilot():
+    n, k = 40, 8
+    evaluator = NoisyAdditive(np.linspace(0, 1, n), noise=0.1, unit=10.0)  # the pilot alone: 800 s
+    sel = AffinitySelector(evaluator, budget=60.0).select(pool_of(n), pool_of(48), k, np.random.default_rng(0))
+    record = sel.details["budget"]
+    assert record["plan"]["limited"] == "budget" and sel.subsets == 10 and record["queries"] == 8
+    assert len(evaluator.calls) == 1  # nothing after the pilot
+    assert record["reached"] == record["pilot"]["reliability"] and record["reached"]["loss_reliability"] is not None
 
 
 def test_budget_refuses_conflicting_settings():

@@ -260,13 +260,13 @@ def test_a_budget_sizes_queries_and_subsets_from_a_pilot(files, capsys):
             "--queries", "12", "--budget", "0.05"]  # 3 s
     assert main(argv) == 0
     err = capsys.readouterr().err
-    assert "select: pilot: 32 subsets x 8 queries" in err and "select: plan for reliability 0.8:" in err
+    assert "select: pilot: 16 subsets x 8 queries" in err and "select: plan for reliability 0.8:" in err
     assert "select: reached: reliability of the subset losses" in err
     summary = run_json(capsys, *argv)
     budget = summary["budget"]
-    assert summary["subsets"] == budget["subsets"] == budget["plan"]["subsets"] >= 32
+    assert summary["subsets"] == budget["subsets"] == budget["plan"]["subsets"] >= 16
     assert 8 <= summary["queries_used"] == budget["plan"]["queries"] <= 12
-    assert budget["plan"]["estimated_seconds"] <= 3.0 or budget["plan"]["subsets"] == 32  # never below the pilot
+    assert budget["plan"]["estimated_seconds"] <= 3.0 or budget["plan"]["subsets"] == 16  # never below the pilot
     assert set(budget["reached"]) == {"loss_split_half", "loss_reliability", "score_split_half", "score_reliability"}
     assert main([*argv, "--subsets", "30"]) == 2
     assert "--budget 0.05 sizes the subsets from a pilot round" in capsys.readouterr().err

@@ -199,8 +199,9 @@ class AffinitySelector(Selector):
         return stratified_subsets(labels, k, m, rng) if self.stratify else balanced_subsets(len(labels), k, m, rng)
 
     def pilot_size(self, n: int, k: int) -> int:
-        """Subsets of the pilot round: every candidate in about 4 of them (2 per split half), >= 16."""
-        return max(16, 4 * math.ceil(max(self.coverage, 1) * n / k))
+        """Subsets of the pilot round: every candidate in about 2 of them (one per split half), at
+        least 8: small beside the main round, whose size it sets."""
+        return max(8, 2 * math.ceil(max(self.coverage, 1) * n / k))
 
     def _budgeted(self, pool, validation, k, rng, labels) -> tuple[list[list[int]], SubsetLosses, dict]:
         """Pilot round, plan (:func:`~icl_ssm.select.budget.plan_budget`), main round; the pilot's
@@ -212,7 +213,7 @@ class AffinitySelector(Selector):
         t0 = time.perf_counter()
         subsets = self._sample(labels, k, self.pilot_size(n, k), rng)
         pilot = self._evaluate(pool, validation[:q0], subsets)
-        seconds = time.perf_counter() - t0
+        seconds = pilot.cost.seconds or time.perf_counter() - t0  # the evaluator's own clock where it keeps one
         measured = Reliability(split_half(pilot), score_split_half(subsets, pilot.losses, n, self.estimate))
         need = math.ceil(max(self.coverage, 1) * n / k)
         plan = plan_budget(pilot_subsets=len(subsets), pilot_queries=q0, pilot_seconds=seconds,
@@ -228,7 +229,7 @@ class AffinitySelector(Selector):
         if self.on_total is not None:
             self.on_total(len(subsets) + len(more) + (len(subsets) if plan.queries != q0 else 0))
         if plan.queries == q0:
-            result = concat(pilot, self._evaluate(pool, validation[:q0], more))
+            result = concat(pilot, self._evaluate(pool, validation[:q0], more)) if more else pilot
         else:  # every subset on the larger query set; the pilot's cost stays counted
             result = self._evaluate(pool, validation[: plan.queries], subsets + more)
             result.cost = Cost(result.cost.flops + pilot.cost.flops, result.cost.seconds + pilot.cost.seconds)
