@@ -110,3 +110,26 @@ def test_run_checks_the_pick_against_random_prompts_and_hands_over_what_passed(t
     assert main([*args, "--keep-selection"]) == 0
     kept = json.loads((out / "report.json").read_text())["handed_over"]
     assert kept["name"] == "affinity" and kept["indices"] == report["selections"][0]["indices"]
+
+
+def test_flipped_label_probe_tells_a_label_reader_from_a_label_blind_cache():
+    from icl_ssm.data.tasks import Example
+    from icl_ssm.select.evaluators import OracleEvaluator, SubsetLosses
+    from icl_ssm.select.probe import flipped, flipped_label_probe
+
+    labels = ("yes", "no")
+    pool = [Example(id=str(i), input=f"t{i}", target=labels[i % 2]) for i in range(12)]
+    assert [e.target for e in flipped(pool[:3], labels)] == ["no", "yes", "no"]
+    with pytest.raises(ValueError, match="targets \\['maybe'\\] are not among the labels"):
+        flipped([Example(id="x", input="x", target="maybe")], labels)
+
+    class Reader(OracleEvaluator):  # loss: the share of demonstrations whose label is wrong (even index: yes)
+        def evaluate(self, pool, validation, subsets):
+            wrong = [np.mean([pool[i].target != labels[i % 2] for i in s]) for s in subsets]
+            return SubsetLosses(np.array(wrong))
+
+    blind = OracleEvaluator(lambda s: float(len(s)))
+    subsets = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    out = flipped_label_probe({"dense": Reader(lambda s: 0.0), "blind": blind}, pool, pool[:2], labels, subsets)
+    assert out["dense"]["diff"] == 1.0 and out["dense"]["higher_share"] == 1.0
+    assert out["blind"]["diff"] == 0.0 and out["blind"]["higher_share"] == 0.0 and out["blind"]["ci95"] == [0.0, 0.0]
