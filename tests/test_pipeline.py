@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from icl_ssm.cli import main
@@ -111,3 +112,46 @@ def test_the_fidelity_check_chooses_affinitys_evaluator(data, tmp_path, tmp_cach
     assert "Affinity evaluator: dense, because --evaluator dense was asked for" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--evaluator 'window'; accepted: auto, compressed, dense"):
         RunConfig(evaluator="window").check()
+
+
+def test_run_takes_the_shipped_compressor_and_its_accuracies_count_right_answers(data, tmp_path, tmp_cache,
+                                                                                 monkeypatch, capsys):
+    """The branch `make demo` takes (a compressor shipped for the model, task and k, with its
+    control), on a tiny shipped root; every accuracy in the report is the share of test answers
+    that an independent prediction from the whole prompt gets right."""
+    import torch
+
+    from icl_ssm.compress import pretrained as pretrained_mod
+    from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
+    from icl_ssm.lm.models import load_model
+    from icl_ssm.lm.prompts import PromptBuilder
+    from icl_ssm.lm.scoring import predict_labels
+    from icl_ssm.lm.tiny import tiny_model
+
+    shipped = tmp_path / "shipped" / "tiny--coin--k3"
+    shape = dict(state_size=16, num_virtual=4, num_sink=2, latent_size=8)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for name, control in (("compressor", False), ("control", True)):
+            config = SSMCompressorConfig.for_teacher(tiny_model("llama").config, control=control, **shape)
+            SSMCompressor(config).save_pretrained(shipped / name)
+    (shipped / "recipe.json").write_text(json.dumps({"model": "tiny-llama", "tasks": [data], "k": 3}))
+    monkeypatch.setattr(pretrained_mod, "pretrained_root", lambda: tmp_path / "shipped")
+    out = tmp_path / "run"
+    assert main(run_args(data, out, "--methods", "affinity", "random", "--no-dense-evaluator", "--evaluator",
+                         "compressed", "--test-orders", "0")) == 0
+    assert "using the compressor shipped for tiny-llama" in capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    assert report["compressor"]["source"] == "shipped" and "distilling" not in str(report["compressor"])
+    assert report["compressor"]["compressor"] == str(shipped / "compressor")
+    assert "control_subset_loss_spearman" in report["fidelity"]  # the shipped control is measured beside it
+    assert not (out / "compressor").exists()
+    model, tokenizer = load_model("tiny-llama")
+    task = get_task(data)
+    builder = PromptBuilder.for_model(model, tokenizer, task)
+    splits = split(task, pool_size=24, seed=0, fit=True, k=3, min_val_size=3)
+    test = splits.test[:6]
+    for row in report["selections"]:
+        demos = [splits.pool[i] for i in row["indices"]]
+        pred = predict_labels(model, builder, [builder.build(demos, q) for q in test])
+        assert row["test_accuracy"] == pytest.approx(np.mean([p == q.target for p, q in zip(pred, test, strict=True)]))
