@@ -435,3 +435,55 @@ def test_the_ssm_can_read_the_states_after_the_first_layers(arch):
         SSMCompressorConfig.for_teacher(model.config, ssm_input="layer:4", **shape)
     with pytest.raises(ValueError, match="layers=0: expected 1..3"):
         hidden_after_layers(model, model.get_input_embeddings()(ids), mask, 0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_rerotated_keys_match_keys_computed_at_the_new_position(arch):
+    """Reference: a layer's key projected from its input and rotated at the target position by
+    the model's own apply_rotary_pos_emb; against the stored key rotated by the difference."""
+    import importlib
+
+    from icl_ssm.lm.hf import rerotate_keys
+
+    model = tiny_model(arch).eval()
+    module = importlib.import_module(type(model).__module__)
+    ids = torch.randint(3, 100, (1, 10))
+    with torch.no_grad():
+        stored = exact_cache(model, ids).keys[0]  # (1, H, 10, d) rotated at positions 0..9
+        attn, inner = model.model.layers[0].self_attn, model.model
+        h = model.model.layers[0].input_layernorm(inner.embed_tokens(ids))
+        raw = attn.k_proj(h).view(1, 10, -1, attn.head_dim).transpose(1, 2)  # (1, H, 10, d), not rotated
+        target = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]]) - 5  # every token 5 earlier (clamped at 0 below)
+        target = target.clamp(min=0)
+        cos, sin = inner.rotary_emb(raw, target)
+        _, want = module.apply_rotary_pos_emb(raw, raw, cos, sin)
+        got = rerotate_keys(model, stored, target - torch.arange(10)[None])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("position", ["original", "compressed"])
+def test_streaming_cache_keeps_the_dense_sinks_and_recent_tokens(position):
+    from icl_ssm.compress.cache import streaming_cache
+
+    model = tiny_model("llama").eval()
+    ids = torch.randint(3, 100, (2, 14))
+    mask = torch.ones(2, 14, dtype=torch.bool)
+    mask[1, 8:] = False
+    query = torch.randint(3, 100, (2, 3))
+    with torch.no_grad():
+        dense = exact_cache(model, ids, mask)
+        whole = streaming_cache(model, ids, mask, num_sink=2, n_window=12, position=position)  # nothing evicted
+        torch.testing.assert_close(forward_with_prefix(model, whole, query).logits,
+                                   forward_with_prefix(model, dense, query).logits, rtol=1e-4, atol=1e-4)
+        cut = streaming_cache(model, ids, mask, num_sink=2, n_window=4, position=position)
+    assert cut.keys[0].shape[2] == 6 and cut.mask.tolist() == [[True] * 6, [True] * 6]
+    keep = [0, 1, 10, 11, 12, 13]  # row 0: sinks and the last 4 of 14 tokens, K/V from the whole prompt
+    torch.testing.assert_close(cut.values[1][0], dense.values[1][0][:, keep])
+    if position == "original":
+        torch.testing.assert_close(cut.keys[1][0], dense.keys[1][0][:, keep])
+        assert cut.next_position.tolist() == [14, 8]
+    else:
+        assert cut.next_position.tolist() == [6, 6]
+        torch.testing.assert_close(cut.keys[1][0][:, :2], dense.keys[1][0][:, :2])  # the sinks do not move
+    with pytest.raises(ValueError, match="position='middle'"):
+        streaming_cache(model, ids, mask, 2, 4, position="middle")

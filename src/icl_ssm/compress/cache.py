@@ -38,6 +38,7 @@ from icl_ssm.lm.hf import (
     kv_from_cache,
     output_cache,
     prefix_attention_mask,
+    rerotate_keys,
     with_cache,
 )
 from icl_ssm.lm.scoring import greedy_generate
@@ -282,6 +283,57 @@ def window_cache(
     keys, values = kv_from_cache(output_cache(out))
     start = slot.sum(1) if position == "compressed" else lengths
     return PrefixCache(keys, values, slot, next_position=start, prompt_length=lengths)
+
+
+def streaming_cache(
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    num_sink: int,
+    n_window: int,
+    position: str = "original",
+) -> PrefixCache:
+    """StreamingLLM (Xiao et al., 2024): the attention sinks and the last ``n_window`` tokens of
+    the *dense* cache, whose K/V were computed with the whole prompt in view (unlike
+    :func:`window_cache`, which encodes those tokens alone).
+
+    ``position="original"``: the kept keys keep their positions and the query continues at the
+    prompt's length (what evicting entries from a cache gives). ``"compressed"``: the recent keys
+    are re-rotated (:func:`~icl_ssm.lm.hf.rerotate_keys`) to sit right after the sinks, and the
+    query continues after the kept tokens, as StreamingLLM assigns positions within its cache.
+    Rows no longer than ``num_sink + n_window`` keep their whole prompt (left-padded in the slot
+    mask, as in :func:`window_cache`).
+    """
+    if position not in ("original", "compressed"):
+        raise ValueError(f"position={position!r}; accepted: 'original', 'compressed'")
+    mask = _check_prompt(input_ids, attention_mask)
+    dense = exact_cache(model, input_ids, mask)
+    B, L = input_ids.shape[0], num_sink + n_window
+    lengths = mask.sum(1)
+    device = mask.device
+    index = torch.zeros(B, L, dtype=torch.long, device=device)
+    slot = torch.zeros(B, L, dtype=torch.bool, device=device)
+    shift = torch.zeros(B, L, dtype=torch.long, device=device)
+    for b in range(B):
+        n = int(lengths[b])
+        keep = list(range(n)) if n <= L else [*range(num_sink), *range(n - n_window, n)]
+        index[b, L - len(keep):] = torch.tensor(keep, device=device)
+        slot[b, L - len(keep):] = True
+        if n > L:  # the recent tokens move back to just after the sinks
+            shift[b, num_sink:] = -(n - n_window - num_sink)
+    at = index[:, None, :, None]
+
+    def take(t: Tensor) -> Tensor:  # (B, H, T, d) -> (B, H, L, d)
+        return t.gather(2, at.expand(-1, t.shape[1], -1, t.shape[3]))
+
+    keys = [take(k) for k in dense.keys]
+    values = tuple(take(v) for v in dense.values)
+    if position == "compressed":
+        keys = [rerotate_keys(model, k, shift) for k in keys]
+        start = slot.sum(1)
+    else:
+        start = lengths
+    return PrefixCache(tuple(keys), values, slot, next_position=start, prompt_length=lengths)
 
 
 def query_inputs(model: PreTrainedModel, prefix: PrefixCache, input_ids: Tensor,

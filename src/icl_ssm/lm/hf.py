@@ -70,6 +70,24 @@ def hidden_after_layers(model: PreTrainedModel, inputs_embeds: Tensor, mask: Ten
     return out.last_hidden_state
 
 
+def rerotate_keys(model: PreTrainedModel, keys: Tensor, shift: Tensor) -> Tensor:
+    """Keys ``(B, H, L, d)`` stored rotated at their positions, rotated as if each sat ``shift``
+    ``(B, L)`` positions later (negative: earlier). Rotary embeddings compose, so this is the
+    key computed at the new position; it rotates the halves of each head (``rotate_half``, the
+    transformers convention for Llama and Qwen), not interleaved pairs. Refuses rotary
+    embeddings that scale their cos/sin (whose rotations do not compose)."""
+    rotary = getattr(decoder_stack(model), "rotary_emb", None)
+    if rotary is None:
+        raise ValueError(f"{type(model).__name__} has no rotary embedding to re-rotate keys with")
+    if getattr(rotary, "attention_scaling", 1.0) != 1.0:
+        raise ValueError("the rotary embedding scales cos/sin (attention_scaling != 1): rotations do not compose")
+    cos, sin = rotary(keys, position_ids=shift.long())  # (B, L, d)
+    cos, sin = cos[:, None].to(keys.dtype), sin[:, None].to(keys.dtype)
+    half = keys.shape[-1] // 2
+    rotated = torch.cat([-keys[..., half:], keys[..., :half]], dim=-1)
+    return keys * cos + rotated * sin
+
+
 _LOGITS_TO_KEEP: dict[type, bool] = {}
 
 
