@@ -487,3 +487,31 @@ def test_streaming_cache_keeps_the_dense_sinks_and_recent_tokens(position):
         torch.testing.assert_close(cut.keys[1][0][:, :2], dense.keys[1][0][:, :2])  # the sinks do not move
     with pytest.raises(ValueError, match="position='middle'"):
         streaming_cache(model, ids, mask, 2, 4, position="middle")
+
+
+def test_lm_infinite_prefills_under_the_lambda_mask():
+    from icl_ssm.compress.cache import lambda_mask, lm_infinite_cache
+
+    mask = torch.ones(1, 6, dtype=torch.bool)
+    seen = lambda_mask(mask, num_global=1, n_local=2)[0, 0] == 0
+    assert seen.int().tolist() == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
+                                   [1, 0, 1, 1, 0, 0], [1, 0, 0, 1, 1, 0], [1, 0, 0, 0, 1, 1]]
+    from icl_ssm.compress.cache import streaming_cache
+
+    # two layers: a kept token's layer-2 K/V read its layer-1 state, which saw only its Lambda
+    model = tiny_model("llama", num_hidden_layers=2).eval()
+    ids = torch.randint(3, 100, (1, 12))
+    query = torch.randint(3, 100, (1, 2))
+    other = ids.clone()
+    other[0, 4] = (ids[0, 4] + 1) % 100 + 3  # a token outside the last 4 and the 2 sinks
+    with torch.no_grad():
+        a = forward_with_prefix(model, lm_infinite_cache(model, ids, None, 2, 4), query).logits
+        b = forward_with_prefix(model, lm_infinite_cache(model, other, None, 2, 4), query).logits
+        torch.testing.assert_close(a, b)  # the answer does not read it, nor do the kept tokens
+        dense_a = forward_with_prefix(model, streaming_cache(model, ids, None, 2, 4), query).logits
+        dense_b = forward_with_prefix(model, streaming_cache(model, other, None, 2, 4), query).logits
+        assert not torch.allclose(dense_a, dense_b)  # with full attention in the prefill, it is read
+        whole = lm_infinite_cache(model, ids, None, 2, 12)  # the window holds every token: the dense prompt
+        torch.testing.assert_close(forward_with_prefix(model, whole, query).logits,
+                                   forward_with_prefix(model, exact_cache(model, ids), query).logits,
+                                   rtol=1e-4, atol=1e-4)

@@ -269,16 +269,10 @@ def window_cache(
     slot mask so that every row has the same cache length).
     """
     mask = _check_prompt(input_ids, attention_mask)
-    B = input_ids.shape[0]
-    L = num_sink + n_window
     lengths = mask.sum(1)
-    ids = input_ids.new_zeros((B, L, *input_ids.shape[2:]))
-    slot = torch.zeros(B, L, dtype=torch.bool, device=input_ids.device)
-    for b in range(B):
-        n = int(lengths[b])
-        keep = list(range(n)) if n <= L else [*range(num_sink), *range(n - n_window, n)]
-        ids[b, L - len(keep):] = input_ids[b, keep]
-        slot[b, L - len(keep):] = True
+    index, slot = sink_window_slots(lengths, num_sink, n_window)
+    ids = input_ids[torch.arange(input_ids.shape[0], device=index.device)[:, None], index]  # (B, L) or (B, L, F)
+    ids = ids * slot.view(*slot.shape, *[1] * (ids.ndim - 2)).to(ids.dtype)  # empty slots hold zeros
     out = teacher_forward(model, ids, slot)
     keys, values = kv_from_cache(output_cache(out))
     start = slot.sum(1) if position == "compressed" else lengths
@@ -308,32 +302,78 @@ def streaming_cache(
         raise ValueError(f"position={position!r}; accepted: 'original', 'compressed'")
     mask = _check_prompt(input_ids, attention_mask)
     dense = exact_cache(model, input_ids, mask)
-    B, L = input_ids.shape[0], num_sink + n_window
     lengths = mask.sum(1)
-    device = mask.device
-    index = torch.zeros(B, L, dtype=torch.long, device=device)
-    slot = torch.zeros(B, L, dtype=torch.bool, device=device)
-    shift = torch.zeros(B, L, dtype=torch.long, device=device)
+    index, slot = sink_window_slots(lengths, num_sink, n_window)
+    keys, values = gather_slots(dense.keys, index), gather_slots(dense.values, index)
+    if position == "original":
+        return PrefixCache(keys, values, slot, next_position=lengths, prompt_length=lengths)
+    # the recent tokens move back to just after the sinks (rows that kept everything do not move)
+    L = num_sink + n_window
+    shift = torch.zeros_like(index)
+    shift[:, num_sink:] = -(lengths - L).clamp(min=0)[:, None]
+    keys = tuple(rerotate_keys(model, k, shift) for k in keys)
+    return PrefixCache(keys, values, slot, next_position=slot.sum(1), prompt_length=lengths)
+
+
+def sink_window_slots(lengths: Tensor, num_sink: int, n_window: int) -> tuple[Tensor, Tensor]:
+    """For prompts of ``lengths: (B,)`` tokens, the positions ``(B, num_sink + n_window)`` of the
+    sinks and the last ``n_window`` tokens, and the bool mask of the slots that hold one; a
+    prompt no longer than that keeps all its tokens, left-padded in the slots."""
+    B, L = lengths.shape[0], num_sink + n_window
+    index = torch.zeros(B, L, dtype=torch.long, device=lengths.device)
+    slot = torch.zeros(B, L, dtype=torch.bool, device=lengths.device)
     for b in range(B):
         n = int(lengths[b])
         keep = list(range(n)) if n <= L else [*range(num_sink), *range(n - n_window, n)]
-        index[b, L - len(keep):] = torch.tensor(keep, device=device)
+        index[b, L - len(keep):] = torch.tensor(keep, device=lengths.device)
         slot[b, L - len(keep):] = True
-        if n > L:  # the recent tokens move back to just after the sinks
-            shift[b, num_sink:] = -(n - n_window - num_sink)
+    return index, slot
+
+
+def gather_slots(tensors: Sequence[Tensor], index: Tensor) -> tuple[Tensor, ...]:
+    """Each ``(B, H, T, d)`` tensor at the positions ``index: (B, L)`` -> ``(B, H, L, d)``."""
     at = index[:, None, :, None]
+    return tuple(t.gather(2, at.expand(-1, t.shape[1], -1, t.shape[3])) for t in tensors)
 
-    def take(t: Tensor) -> Tensor:  # (B, H, T, d) -> (B, H, L, d)
-        return t.gather(2, at.expand(-1, t.shape[1], -1, t.shape[3]))
 
-    keys = [take(k) for k in dense.keys]
-    values = tuple(take(v) for v in dense.values)
-    if position == "compressed":
-        keys = [rerotate_keys(model, k, shift) for k in keys]
-        start = slot.sum(1)
-    else:
-        start = lengths
-    return PrefixCache(tuple(keys), values, slot, next_position=start, prompt_length=lengths)
+def lambda_mask(mask: Tensor, num_global: int, n_local: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """LM-Infinite's Lambda-shaped attention over right-padded prompts ``mask: (B, T)``: token
+    ``i`` sees token ``j <= i`` when ``j < num_global`` or ``i - j < n_local``. The additive 4D
+    mask ``(B, 1, T, T)`` that transformers passes to attention as-is."""
+    T = mask.shape[1]
+    i = torch.arange(T, device=mask.device)[:, None]
+    j = torch.arange(T, device=mask.device)[None]
+    allowed = (j <= i) & ((j < num_global) | (i - j < n_local))  # (T, T)
+    allowed = allowed[None] & mask.bool()[:, None, :]  # keys must be real tokens
+    allowed = allowed | torch.eye(T, dtype=torch.bool, device=mask.device)[None]  # padding rows see themselves
+    low = torch.finfo(dtype).min
+    return torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill(~allowed, low)[:, None]
+
+
+def lm_infinite_cache(
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    num_sink: int,
+    n_window: int,
+) -> PrefixCache:
+    """LM-Infinite (Han et al., 2024) without its distance cap: the prompt is prefilled under the
+    Lambda-shaped mask (:func:`lambda_mask`: the ``num_sink`` first tokens and the last
+    ``n_window`` before each token), and the answer reads the sinks and the last ``n_window``
+    prompt tokens at their original positions. The distance cap (positions beyond the local
+    window clipped to its size) needs a relative position per query-key pair, which rotary
+    attention as transformers computes it does not take; within the model's context it changes
+    nothing for the local tokens and only the sinks' apparent distance for the others."""
+    mask = _check_prompt(input_ids, attention_mask)
+    position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
+    dtype = next(model.parameters()).dtype
+    out = model(**tokens_arg(model, input_ids), attention_mask=lambda_mask(mask, num_sink, n_window, dtype),
+                position_ids=position_ids, use_cache=True, **with_cache(model, DynamicCache()))
+    keys, values = kv_from_cache(output_cache(out))
+    lengths = mask.sum(1)
+    index, slot = sink_window_slots(lengths, num_sink, n_window)
+    return PrefixCache(gather_slots(keys, index), gather_slots(values, index), slot, next_position=lengths,
+                       prompt_length=lengths)
 
 
 def query_inputs(model: PreTrainedModel, prefix: PrefixCache, input_ids: Tensor,
