@@ -854,3 +854,21 @@ def test_tail_readout_slots_sit_at_each_demonstrations_last_tokens(llama, coin):
         torch.testing.assert_close(cache.keys[0][0, :, :h], dense.keys[0][0, :, :h])  # the exact header
         sum(x.pow(2).sum() for x in cache.keys + cache.values).backward()
         assert (tr.c.ssm.Bbar.grad is None) == control and tr.tok.grad.abs().sum() > 0
+
+
+def test_long_context_baselines_are_measured_beside_the_compressor(files, capsys, tmp_path):
+    report = run_json(capsys, *cli_args(files, "--baselines", "streaming", "lm-infinite"))
+    for name in ("streaming", "lm-infinite", "window"):
+        assert -1.0 <= report[f"{name}_subset_loss_spearman"] <= 1.0 and report[f"{name}_kl"] >= 0
+    assert {"compressed-streaming", "compressed-lm-infinite", "compressed-window"} <= set(report["paired"])
+    # the streaming cache reads K/V computed with the whole prompt; the window encodes its tokens alone
+    assert report["streaming_kl"] != report["window_kl"]
+    from icl_ssm.report import write_report
+
+    write_report(tmp_path / "r", {"model": "m", "task": "t", "k": 3, "fidelity": report, "selections": []})
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "| streaming |" in md and "| lm-infinite |" in md
+    from icl_ssm.evaluate.fidelity import FidelityConfig
+
+    with pytest.raises(ValueError, match=r"--baselines \['gist'\]; accepted: streaming, lm-infinite"):
+        FidelityConfig(task="t", baselines=("gist",)).check()

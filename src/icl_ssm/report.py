@@ -26,7 +26,8 @@ DASH = "—"
 _PREFIXES = ("", "k", "M", "G", "T", "P", "E")
 
 
-_FIDELITY_ROWS = (("compressed", ""), ("control", "control_"), ("window", "window_"))
+_FIDELITY_ROWS = (("compressed", ""), ("control", "control_"), ("window", "window_"), ("streaming", "streaming_"),
+                  ("lm-infinite", "lm-infinite_"))
 
 
 _FIDELITY_COLS = (  # (key, header, format)

@@ -8,7 +8,7 @@ import json
 
 from icl_ssm.cli.options import add_target, task_options
 from icl_ssm.evaluate.answers import LOSSES
-from icl_ssm.evaluate.fidelity import FidelityConfig, parse_also, run_fidelity
+from icl_ssm.evaluate.fidelity import BASELINES, FidelityConfig, parse_also, run_fidelity
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -17,6 +17,7 @@ def _main(args: argparse.Namespace) -> int:
         subsets=args.subsets, queries=args.queries, query_offset=args.query_offset, seed=args.seed, loss=args.loss,
         n_window=args.n_window, also=parse_also(args.also), batch=args.batch, query_batch=args.query_batch,
         reuse_dense=args.reuse_dense, chat=args.chat, device=args.device, task_options=task_options(args),
+        baselines=tuple(args.baselines),
     )  # fmt: skip
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -62,6 +63,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                k_help="demonstrations per subset")
     p.add_argument("--compressor", required=True, help="directory of a saved compressor")
     p.add_argument("--control", help="directory of a control compressor (config control=True) to report beside it")
+    p.add_argument("--baselines", nargs="*", default=[], choices=BASELINES,
+                   help="long-context methods measured beside the compressor at the same cache size: streaming "
+                        "(sinks + the last tokens of the dense cache), lm-infinite (the same after a Lambda-masked "
+                        "prefill)")
     p.add_argument("--subsets", type=int, default=30, help="held-out demonstration subsets")
     p.add_argument("--queries", type=int, default=32, help="validation queries per subset")
     p.add_argument("--query-offset", type=int, default=0,

@@ -41,7 +41,13 @@ import torch
 from transformers import PreTrainedModel
 
 from icl_ssm import atomic
-from icl_ssm.compress.cache import compressed_cache, exact_cache, window_cache
+from icl_ssm.compress.cache import (
+    compressed_cache,
+    exact_cache,
+    lm_infinite_cache,
+    streaming_cache,
+    window_cache,
+)
 from icl_ssm.compress.compressor import SSMCompressor, load_compressor
 from icl_ssm.cost import Cost, measure
 from icl_ssm.data.splits import split
@@ -56,6 +62,7 @@ from icl_ssm.evaluate.answers import (
     pad_right,
 )
 from icl_ssm.evaluate.stats import (
+    COMPARATORS,
     bootstrap_spearman,
     finite_or_none,
     interval,
@@ -173,14 +180,20 @@ def cache_paths(
     control: SSMCompressor | None = None,
     n_window: int | None = None,
     also: dict[str, SSMCompressor] | None = None,
+    baselines: Sequence[str] = (),
 ) -> dict[str, CacheBuilder]:
     """The cache builders ``icl-ssm fidelity`` compares: ``dense`` (the teacher's own K/V),
     ``compressed``, ``control`` (when given), ``window`` (the compressor's sinks + the last
     ``n_window`` prompt tokens, default its ``num_virtual + num_recent``: the same cache size,
-    same position convention) and one path per compressor in ``also`` (other compressors
-    compared on the same subsets and queries, e.g. the variants of an ablation)."""
+    same position convention), the long-context ``baselines`` asked for (:data:`BASELINES`:
+    ``streaming``, the sinks and the last ``n_window`` tokens of the dense cache; ``lm-infinite``,
+    the same slots after a Lambda-masked prefill) and one path per compressor in ``also`` (other
+    compressors compared on the same subsets and queries, e.g. the variants of an ablation)."""
+    unknown = sorted(set(baselines) - set(BASELINES))
+    if unknown:
+        raise ValueError(f"baselines {unknown}; accepted: {', '.join(BASELINES)}")
     c = compressor.config
-    clash = sorted(set(also or ()) & {"dense", "compressed", "control", "window"})
+    clash = sorted(set(also or ()) & {"dense", "compressed", *COMPARATORS})
     if clash:
         raise ValueError(f"also: the names {clash} are taken by the built-in paths; choose other names")
     n_window = c.num_virtual + c.num_recent if n_window is None else n_window
@@ -193,6 +206,10 @@ def cache_paths(
     if control is not None:
         paths["control"] = lambda ids, mask: compressed_cache(model, control, ids, mask)
     paths["window"] = lambda ids, mask: window_cache(model, ids, mask, c.num_sink, n_window, c.position)
+    if "streaming" in baselines:
+        paths["streaming"] = lambda ids, mask: streaming_cache(model, ids, mask, c.num_sink, n_window)
+    if "lm-infinite" in baselines:
+        paths["lm-infinite"] = lambda ids, mask: lm_infinite_cache(model, ids, mask, c.num_sink, n_window)
     for name, other in (also or {}).items():
         paths[name] = lambda ids, mask, other=other: compressed_cache(model, other, ids, mask)
     return paths
@@ -363,6 +380,8 @@ def fidelity_report(
 
 
 # keys of fidelity_report that describe the other path, and their names under a prefix
+BASELINES = ("streaming", "lm-infinite")  # long-context methods measured beside the compressor (cache_paths)
+
 _OTHER_KEYS = {
     "rel_logit_err": "rel_logit_err", "kl": "kl", "top1_agree": "top1_agree", "label_agree": "label_agree",
     "acc_compressed": "acc", "subset_loss_spearman": "subset_loss_spearman",
@@ -397,8 +416,12 @@ class FidelityConfig:
     chat: bool = False
     device: str = "auto"  # "auto": the GPU when there is one
     task_options: dict[str, Any] = field(default_factory=dict)  # get_task's options (-o KEY=VALUE, --skip-empty)
+    baselines: tuple[str, ...] = ()  # long-context comparison paths: BASELINES
 
     def check(self) -> None:
+        unknown = sorted(set(self.baselines) - set(BASELINES))
+        if unknown:
+            raise ValueError(f"--baselines {unknown}; accepted: {', '.join(BASELINES)}")
         if self.subsets < 1:
             raise ValueError(f"--subsets {self.subsets}: expected at least 1 subset")
         if self.queries < 1:
@@ -448,7 +471,8 @@ def run_fidelity(
     builder = PromptBuilder.for_model(model, tokenizer, task, chat=config.chat)
     prefixes = [builder.build_prefix([splits.pool[i] for i in subset]) for subset in subsets]
     also = {name: load_compressor(path, model.config).to(model.device) for name, path in config.also.items()}
-    paths = cache_paths(model, compressor, control=control, n_window=config.n_window, also=also)
+    paths = cache_paths(model, compressor, control=control, n_window=config.n_window, also=also,
+                        baselines=config.baselines)
     if on_start is not None:
         on_start(len(prefixes))
     store = None
@@ -480,7 +504,7 @@ def run_fidelity(
     }
     labels = [builder.label_index(q) for q in queries] if task.kind == "classification" else None
     report.update(fidelity_report(dense, *results["compressed"], labels=labels))
-    for name in ("control", "window"):
+    for name in COMPARATORS:
         if name in results:
             sub = fidelity_report(dense, *results[name], labels=labels)
             report.update({f"{name}_{new}": sub[old] for old, new in _OTHER_KEYS.items() if old in sub})

@@ -215,13 +215,16 @@ def interval(draws: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+COMPARATORS = ("control", "window", "streaming", "lm-infinite")  # paths a trained compressor is judged against
+
+
 def paired_spearman(dense: Tensor, losses: dict[str, Tensor], *, labels: Sequence[int] | None = None,
                     resamples: int = 2000, seed: int = 0) -> dict:
     """Paired bootstrap differences of subset-loss Spearman between the paths of one run.
 
     ``dense``: the ``(S, Q)`` dense losses; ``losses``: every path's (``dense`` itself is
-    skipped). Each trained path (``compressed`` and the ``also`` ones) is compared with the
-    comparators ``control`` and ``window``, and each ``also`` path with ``compressed``.
+    skipped). Each trained path (``compressed`` and the ``also`` ones) is compared with every
+    comparator of :data:`COMPARATORS` present, and each ``also`` path with ``compressed``.
     Returns ``{"A-B": {"diff", "ci95", "ci95_queries"}}``: the Spearman of A minus that of B,
     and bootstrap intervals of the difference over the same resampled subsets (and queries)
     for both paths, which are far narrower than comparing the two paths' own intervals. With
@@ -231,8 +234,8 @@ def paired_spearman(dense: Tensor, losses: dict[str, Tensor], *, labels: Sequenc
     losses = {name: x for name, x in losses.items() if name != "dense"}
     if dense.shape[0] < 3:
         return {}
-    trained = [name for name in losses if name not in ("control", "window")]
-    pairs = [(a, b) for a in trained for b in ("control", "window") if b in losses]
+    trained = [name for name in losses if name not in COMPARATORS]
+    pairs = [(a, b) for a in trained for b in COMPARATORS if b in losses]
     pairs += [(a, "compressed") for a in trained if a != "compressed" and "compressed" in losses]
     rho = {name: spearman(dense.mean(1).numpy(), x.mean(1).numpy()) for name, x in losses.items()}
     out = {f"{a}-{b}": {"diff": finite_or_none(rho[a] - rho[b])} for a, b in pairs}
