@@ -172,3 +172,38 @@ def test_importing_the_package_leaves_bm25s_and_jax_alone():
     code = "import sys, icl_ssm; print(sorted(m for m in ('bm25s', 'jax') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_per_query_retrieval_gives_each_test_input_its_own_prompt(tmp_path, capsys):
+    import json
+
+    from icl_ssm.cli import main
+    from icl_ssm.data.tasks import Example
+    from icl_ssm.select.per_query import _nearest, bm25_prompts
+
+    assert _nearest(np.array([[0.1, 0.9, 0.5], [0.7, 0.2, 0.7]]), 2) == [[2, 1], [2, 0]]  # best last; ties by index
+    pool = [Example(id=str(i), input=text, target="a") for i, text in
+            enumerate(["red apples", "green pears", "blue sky today", "ripe red apples sold"])]
+    queries = [Example(id="q1", input="apples that are red", target="a"),
+               Example(id="q2", input="the sky is blue", target="a")]
+    prompts = bm25_prompts(pool, queries, 2)
+    assert set(prompts[0]) == {0, 3} and prompts[1][-1] == 2  # the closest last
+    from icl_ssm.data.tasks import get_task
+
+    task = get_task("coin_flip", size=120)
+    data = tmp_path / "coin.jsonl"
+    data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n" for e in task.examples()))
+    base = ["select", "--model", "tiny-llama", "--task", str(data), "--k", "3", "--pool-size", "24", "--queries", "3",
+            "--test-size", "5"]
+    for method in ("bm25", "topk"):
+        out = tmp_path / method
+        assert main([*base, "--method", method, "--per-query", "--out", str(out)]) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        rows = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
+        assert summary["method"] == f"{method} (per query)" and len(summary["prompts"]) == 5 == len(rows)
+        assert all(len(r["demonstrations"]) == 3 for r in rows)
+        assert summary["test_accuracy"] == pytest.approx(np.mean(summary["correct"]))
+        assert summary["answer_flops"] > 0 and (summary["flops"] > 0) == (method == "topk")
+    capsys.readouterr()
+    assert main([*base, "--method", "random", "--per-query"]) == 2
+    assert "--per-query retrieves for each test input; --method 'random'" in capsys.readouterr().err

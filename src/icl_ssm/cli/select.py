@@ -24,6 +24,7 @@ from icl_ssm.select.run import (
     lean_lines,
     reliability_lines,
     select_demonstrations,
+    select_per_query,
     with_shipped_compressor,
     write_selection,
 )
@@ -34,6 +35,8 @@ def _main(args: argparse.Namespace) -> int:
     cfg = with_shipped_compressor(SelectConfig(**{f.name: getattr(args, f.name) for f in fields(SelectConfig)}))
     cfg.check()
     out = atomic.prepare_dir(args.out) if args.out else None
+    if cfg.per_query:
+        return _per_query(cfg, out, args)
     import torch
     from accelerate import PartialState
     from rich.console import Console
@@ -80,6 +83,25 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _per_query(cfg: SelectConfig, out, args: argparse.Namespace) -> int:
+    """``--per-query``: a prompt per test input; prompts.jsonl holds each input's demonstrations."""
+    model, tokenizer = load_model(cfg.model)
+    summary, pool, test = select_per_query(cfg, model, tokenizer)
+    summary["argv"] = getattr(args, "argv", None)
+    if out is not None:
+        atomic.write_jsonl(out / "prompts.jsonl", [{"test_id": q.id, "demonstrations": [pool[i].id for i in p]}
+                                                   for q, p in zip(test, summary["prompts"], strict=True)])
+        atomic.write_json(out / "summary.json", summary)
+        atomic.write_json(out / "select_config.json", {**asdict(cfg), "argv": summary["argv"]})
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    print(f"{summary['method']}: test accuracy {summary['test_accuracy']:.3f} with k={cfg.k} on {len(test)} inputs, "
+          f"a prompt each ({(summary['flops'] + summary['answer_flops']) / 1e12:.3g} TFLOP with the answers)"
+          + (f"; written to {out}" if out else ""), file=sys.stderr)
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("select", help="choose k demonstrations from a task's pool (Algorithm 2 and baselines)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -117,6 +139,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--balance-labels", action="store_true",
                    help="affinity: a subset's loss is the mean of its per-label mean validation losses, so the "
                         "label mix of the validation queries does not decide (classification tasks)")
+    p.add_argument("--per-query", action="store_true",
+                   help="bm25, topk: retrieve k demonstrations for each test input (its own prompt), as the paper "
+                        "and OpenICL do, instead of one set for the task")
     p.add_argument("--per-label", action="store_true",
                    help="share the k places out evenly over the pool's labels, each filled with its best-scored "
                         "candidates (any method; classification tasks with at most k labels)")

@@ -14,7 +14,7 @@ from icl_ssm.data.tasks import Example
 from icl_ssm.select.base import Selection, Selector, check_selection_inputs, register, top_k
 
 
-def _bm25s():
+def load_bm25s():
     """``bm25s``, imported on first use: where JAX is installed, importing it runs a JAX op, and
     JAX's first op takes 75% of the GPU's memory unless told otherwise; neither should happen
     to a process that never asked for BM25 (a distillation run beside others on one GPU)."""
@@ -35,7 +35,7 @@ class BM25Selector(Selector):
 
     def scores(self, pool: Sequence[Example], validation: Sequence[Example]) -> np.ndarray:
         """(n,) float64: mean over the validation queries of each candidate's BM25 score."""
-        bm25s = _bm25s()
+        bm25s = load_bm25s()
         corpus = bm25s.tokenize([e.input for e in pool], stopwords="en", return_ids=False, show_progress=False)
         queries = bm25s.tokenize([q.input for q in validation], stopwords="en", return_ids=False,
                                  show_progress=False)

@@ -43,6 +43,7 @@ from icl_ssm.select.base import (
 from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.evaluators import RELIABILITY_TARGET, CacheEvaluator
+from icl_ssm.select.per_query import PER_QUERY_METHODS, per_query_selection
 
 EVALUATORS = ("compressed", "dense", "dense-per-query")
 
@@ -76,6 +77,7 @@ class SelectConfig:
     stratify: bool = False  # affinity: every subset with the labels in even shares (stratified_subsets); per label
     order: str = "score"  # prompt order of the chosen demonstrations: ORDERS
     order_candidates: int = 10  # --order search: orders scored on the validation queries
+    per_query: bool = False  # bm25/topk: k demonstrations retrieved for each test input (select.per_query)
     test_orders: int = 0  # further random orders of the chosen set scored on the test split (order-averaged)
     budget: float | None = None  # minutes: affinity sizes queries (up to `queries`) and subsets to the target
     target_reliability: float = RELIABILITY_TARGET  # with a budget: split-half reliability aimed at
@@ -113,6 +115,9 @@ class SelectConfig:
                              f"--subsets {self.subsets}")
         if not 0 < self.target_reliability < 1:
             raise ValueError(f"--target-reliability {self.target_reliability}: expected a value between 0 and 1")
+        if self.per_query and self.method not in PER_QUERY_METHODS:
+            raise ValueError(f"--per-query retrieves for each test input; --method {self.method!r} chooses one set "
+                             f"(accepted with --per-query: {', '.join(PER_QUERY_METHODS)})")
         if self.test_orders < 0:
             raise ValueError(f"--test-orders {self.test_orders}: expected >= 0 further orders")
         if self.test_size is not None and self.test_size < 1:
@@ -211,6 +216,21 @@ def select_demonstrations(
     if searched is not None:
         summary["order_search"] = searched
     return selection, summary, list(splits.pool)
+
+
+def select_per_query(cfg: SelectConfig, model, tokenizer) -> tuple[dict[str, Any], list[Example], list[Example]]:
+    """``cfg.method`` (bm25 or topk) retrieving ``cfg.k`` demonstrations for each test input
+    (:func:`~icl_ssm.select.per_query.per_query_selection`); returns ``(summary, pool, test)``."""
+    cfg.check()
+    task = get_task(cfg.task, **cfg.task_options)
+    splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k, min_val_size=cfg.queries)
+    test = splits.test[: cfg.test_size]
+    builder = PromptBuilder.for_model(model, tokenizer, task, chat=cfg.chat)
+    summary = per_query_selection(cfg.method, model, builder, splits.pool, test, cfg.k)
+    notes = [n for n in (splits.note, *task.notes()) if n]
+    summary.update(model=cfg.model, task=task.name, seed=cfg.seed, pool_size=len(splits.pool), notes=notes,
+                   per_query=True)
+    return summary, list(splits.pool), list(test)
 
 
 def order_accuracies(model, builder: PromptBuilder, pool: Sequence[Example], indices: list[int],
