@@ -41,7 +41,9 @@ def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tm
     shape = json.loads((out / "compressor" / "config.json").read_text())
     assert shape["gate"] and shape["num_recent"] == 16  # the distilled default is the gated hybrid
     methods = [r["method"] for r in report["selections"]]
-    assert methods == ["affinity", "affinity (dense)", "affinity (dense's time)", "random", "bm25", "topk"]
+    assert methods == ["affinity", "affinity (dense)", "affinity (dense's time)", "random", "bm25", "topk",
+                       "zero-shot"]
+    assert report["selections"][-1]["test_accuracy"] == report["check"]["zero_shot_test_accuracy"]
     equal = json.loads((out / "stages" / "select-affinity-equal-cost.json").read_text())["result"]
     dense = json.loads((out / "stages" / "select-affinity-dense.json").read_text())["result"]
     assert equal["budget"]["budget_seconds"] == pytest.approx(dense["wall_seconds"])
@@ -70,7 +72,7 @@ def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tm
                          "--evaluator", "compressed")) == 0
     assert "fidelity: done before, skipped" in capsys.readouterr().err  # only the selections depend on these
     pool = split(get_task(data), pool_size=24, seed=0).pool
-    for r in json.loads((out / "report.json").read_text())["selections"]:
+    for r in json.loads((out / "report.json").read_text())["selections"][:-1]:  # the last row: zero-shot
         assert {pool[i].target for i in r["indices"]} == {"yes", "no"}
         summary = json.loads((out / "stages" / f"select-{r['method']}.json").read_text())["result"]
         assert summary["per_label"] is True and summary["order"] == "interleave"
@@ -99,7 +101,8 @@ def test_the_fidelity_check_chooses_affinitys_evaluator(data, tmp_path, tmp_cach
     report = json.loads((out / "report.json").read_text())
     gate, rows = report["gate"], report["selections"]
     assert gate["evaluator"] == gate["verdict"] and rows[0]["evaluator"] == gate["verdict"]
-    dense_row = [r["method"] for r in rows] == ["affinity", "affinity (dense)", "affinity (dense's time)", "random"]
+    dense_row = [r["method"] for r in rows][:-1] == ["affinity", "affinity (dense)", "affinity (dense's time)",
+                                                     "random"]
     assert dense_row == (gate["verdict"] == "compressed")  # no second, identical dense run
     said = "Affinity evaluator: dense, because the compressed caches failed their fidelity check"
     assert (said in (out / "report.md").read_text()) == (gate["verdict"] == "dense")

@@ -366,6 +366,9 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selecti
             row.update(dense_flops=dense["flops"], dense_wall_seconds=dense["wall_seconds"],
                        dense_test_accuracy=dense["test_accuracy"])
         rows.append(row)
+    if check and check.get("zero_shot_test_accuracy") is not None:  # what the prompt is measured against
+        rows.append({"method": "zero-shot", "evaluator": None, "test_accuracy": check["zero_shot_test_accuracy"],
+                     "test_size": check.get("test_size"), "flops": 0, "wall_seconds": None, "indices": []})
     report = {
         "model": cfg.model, "task": cfg.task, "k": cfg.k, "seed": cfg.seed,
         "compressor": comp, "fidelity": {k: v for k, v in fidelity.items() if k not in ("config", "argv")},
