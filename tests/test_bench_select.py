@@ -358,3 +358,36 @@ def test_headroom_checks_every_task_first_and_keeps_the_finished_ones(tmp_path, 
     partial = json.loads(out.read_text())
     assert partial["partial"] is True and partial["tasks_done"] == [str(data)]
     assert partial["tasks"][str(data)]["sets"] == 2 and "coin_flip" not in partial["tasks"]
+
+
+def test_legendre_energy_fast_path_matches_its_reference():
+    from numpy.polynomial import legendre
+
+    from icl_ssm.bench.spectrum import cache_spectrum, legendre_energy, legendre_energy_ref
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 3))
+    np.testing.assert_allclose(legendre_energy(x, 12), legendre_energy_ref(x, 12), rtol=1e-9, atol=1e-12)
+    fast = legendre_energy(x, 40)
+    assert np.all(np.diff(fast) >= -1e-12) and fast[-1] == pytest.approx(1.0)  # every degree: all of it
+    t = 2.0 * (np.arange(50) + 0.5) / 50 - 1.0
+    cubic = legendre.legval(t, [0.0, 0.0, 0.0, 1.0])[:, None]  # a pure degree-3 polynomial
+    np.testing.assert_allclose(legendre_energy(cubic, 6)[3:], 1.0, atol=1e-9)
+    assert legendre_energy(cubic, 6)[2] < 0.2
+    keys = [torch.as_tensor(rng.normal(size=(2, 30, 4))) for _ in range(4)]
+    out = cache_spectrum(keys, keys, [[0, 1], [2, 3]], 8)
+    assert [g["layers"] for g in out["groups"]] == [[0, 1], [2, 3]] and len(out["groups"][0]["keys"]) == 8
+    with pytest.raises(ValueError, match="positions, channels"):
+        legendre_energy(np.zeros(5), 3)
+
+
+def test_bench_legendre_writes_the_spectrum_of_a_tiny_model(tmp_path, capsys):
+    import json
+
+    from icl_ssm.cli import main
+
+    assert main(["bench", "legendre", "--model", "tiny-llama", "--task", "coin_flip", "--k", "3", "--prompts", "2",
+                 "--degrees", "16", "--groups", "2", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "spectrum.json").read_text())
+    assert len(result["groups"]) == 2 and (tmp_path / "spectrum.png").read_bytes()[:4] == b"\x89PNG"
+    assert "16 coefficients keep" in capsys.readouterr().out

@@ -227,6 +227,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_run_legs_kernel)
     p = kinds.add_parser(
+        "legendre",
+        help="the Legendre spectrum of the dense KV cache per layer group (the paper's figure 2): JSON and PNG",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", default=RunConfig.model)
+    p.add_argument("--task", default="rotten_tomatoes")
+    p.add_argument("--k", type=int, default=20)
+    p.add_argument("--prompts", type=int, default=4, help="random k-shot prompts averaged")
+    p.add_argument("--degrees", type=int, default=256, help="Legendre coefficients (the SSM's state size)")
+    p.add_argument("--groups", type=int, default=4, help="layer groups")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="directory for spectrum.json and spectrum.png")
+    p.set_defaults(func=_run_legendre)
+    p = kinds.add_parser(
         "trust",
         help="run with default settings over tasks and seeds: the handed-over prompt against random prompts",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -241,6 +255,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from icl_ssm.cli.bench_select import add_kinds
 
     add_kinds(kinds)
+
+
+def _run_legendre(args: argparse.Namespace) -> int:
+    from icl_ssm import atomic
+    from icl_ssm.bench.spectrum import plot_spectrum, run_spectrum
+
+    result = run_spectrum(args.model, args.task, args.k, args.prompts, args.degrees, args.seed, args.groups)
+    out = atomic.prepare_dir(args.out)
+    atomic.write_json(out / "spectrum.json", result)
+    plot_spectrum(result, out / "spectrum.png")
+    for g in result["groups"]:
+        at = {n: (g["keys"][n - 1], g["values"][n - 1]) for n in (4, 16, 64, 256) if n <= len(g["keys"])}
+        print(f"layers {g['layers'][0]}-{g['layers'][-1]}: " + ", ".join(
+            f"{n} coefficients keep {kv[0]:.1%} of the keys, {kv[1]:.1%} of the values" for n, kv in at.items()))
+    return 0
 
 
 def _run_trust(args: argparse.Namespace) -> int:
