@@ -602,3 +602,23 @@ def test_every_shipped_compressor_keeps_the_fidelity_its_recipe_records(name):
     assert report["rel_logit_err"] < 1.5 * recorded["rel_logit_err"] + 0.05
     assert report["top1_agree"] > recorded["top1_agree"] - 0.25
     assert report["flops_compressed"] < report["flops_dense"]
+
+
+def test_init_from_starts_from_another_tasks_compressor_and_runs_stage_2_only(tmp_cache, tmp_path, capsys):
+    from icl_ssm.compress.compressor import load_compressor
+
+    source = tmp_path / "source"
+    assert main(["distill", *SMALL, "--out", str(source)]) == 0
+    other = [("modular_addition" if a == "coin_flip" else a) for a in SMALL]  # another task, same teacher
+    target = tmp_path / "target"
+    assert main(["distill", *other, "--init-from", str(source), "--out", str(target)]) == 0
+    history = [json.loads(line) for line in (target / "history.jsonl").read_text().splitlines()]
+    assert history and {h["stage"] for h in history} == {2}  # no KV alignment: the weights come from source
+    fresh = tmp_path / "fresh"
+    assert main(["distill", *other, "--stage1-epochs", "0", "--out", str(fresh)]) == 0
+    a, b = load_compressor(target).state_dict(), load_compressor(fresh).state_dict()
+    assert any(not torch.equal(a[n], b[n]) for n in a)  # the same stage 2 from other weights ends elsewhere
+    capsys.readouterr()
+    assert main(["distill", *other, "--num-virtual", "2", "--init-from", str(source), "--out",
+                 str(tmp_path / "bad")]) == 2
+    assert "is a compressor of another shape (num_virtual: 4 there, 2 here)" in capsys.readouterr().err

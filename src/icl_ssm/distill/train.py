@@ -107,6 +107,7 @@ class DistillConfig:
     checkpoint_every: int = 50
     chat: bool = False
     task_options: dict[str, dict] = field(default_factory=dict)  # task name -> get_task options
+    init_from: str = ""  # a trained compressor directory: start from its weights, stage 2 only (transfer)
 
     def __post_init__(self):
         self.tasks = tuple(self.tasks)
@@ -122,6 +123,8 @@ class DistillConfig:
         if self.rank_level not in RANK_LEVELS:
             raise ValueError(f"rank_level {self.rank_level!r}; accepted: {', '.join(RANK_LEVELS)}")
         check_learn_dt(self.learn_dt, self.system)
+        if self.init_from and self.stage2_epochs == 0:
+            raise ValueError(f"--init-from {self.init_from!r} runs stage 2 only, but --stage2-epochs is 0")
         if self.stage1_epochs == 0 and self.stage2_epochs == 0:
             raise ValueError("stage1_epochs and stage2_epochs are both 0: nothing to train")
 
@@ -171,6 +174,8 @@ FIELD_HELP = {
                  "first l layers (they can carry interactions of tokens; cost l/L of a dense prefill)",
     "gate_lr": "learning rate of the gates",
     "stage1_epochs": "stage 1 (KV alignment to the pooled teacher K/V) epochs",
+    "init_from": "a compressor trained on another task (same teacher and shape): start from its weights and run "
+                 "stage 2 only (cross-task transfer)",
     "stage1_lr": "stage 1 learning rate",
     "stage2_epochs": "stage 2 (output distillation) epochs",
     "stage2_lr": "stage 2 learning rate",
@@ -276,6 +281,20 @@ def regression_group_losses(model, compressor: SSMCompressor, episodes: list[dic
     return {"loss": loss, "mse": mse.detach(), "hidden": hid.detach(), "rank": rank.detach()}
 
 
+def start_from(compressor: SSMCompressor, path: str, teacher_config) -> None:
+    """Copy the weights of the compressor saved in ``path`` into ``compressor``; refuse one of
+    another shape (every differing field named)."""
+    from icl_ssm.compress.compressor import load_compressor
+
+    source = load_compressor(path, teacher_config)
+    mine, theirs = compressor.config, source.config
+    diffs = [f"{name}: {getattr(theirs, name)!r} there, {getattr(mine, name)!r} here" for name in COMPRESSOR_FIELDS
+             if getattr(theirs, name) != getattr(mine, name)]
+    if diffs:
+        raise ValueError(f"--init-from {path!r} is a compressor of another shape (" + "; ".join(diffs) + ")")
+    compressor.load_state_dict(source.state_dict())
+
+
 class TrainingDiverged(RuntimeError):
     pass
 
@@ -290,7 +309,8 @@ class Schedule:
 
     def __post_init__(self):
         rng_seed = self.cfg.seed
-        for stage, epochs in ((1, self.cfg.stage1_epochs), (2, self.cfg.stage2_epochs)):
+        stage1 = 0.0 if self.cfg.init_from else self.cfg.stage1_epochs  # a transferred compressor: stage 2 only
+        for stage, epochs in ((1, stage1), (2, self.cfg.stage2_epochs)):
             n = int(round(epochs * len(self.groups)))
             order: list[int] = []
             epoch = 0
@@ -446,6 +466,8 @@ def train(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         compressor = SSMCompressor(ccfg).train()
+    if cfg.init_from and not resume:
+        start_from(compressor, cfg.init_from, model.config)
     # on the device before the optimizer exists: a resumed optimizer state follows its parameters there
     compressor.to(accelerator.device)
     own = {"gate_bias": cfg.gate_lr, "ssm.log_dt": cfg.dt_lr}  # parameters with their own learning rate
