@@ -281,3 +281,25 @@ def test_test_orders_give_an_order_averaged_accuracy(files, capsys):
     assert many["test_accuracy_order_mean"] == pytest.approx(np.mean(accs))
     assert many["test_accuracy_std"] == pytest.approx(np.std(accs, ddof=1))
     assert "test_accuracy_orders" not in one
+
+
+def test_the_papers_selection_recipe_fills_the_flags_not_given():
+    from icl_ssm.pipeline import RunConfig
+    from icl_ssm.select.run import SelectConfig, apply_recipe, given_flags
+
+    assert given_flags(["--k", "3", "--pool-size=40", "--subsets", "9", "x"]) == {"k", "pool_size", "subsets"}
+    paper = apply_recipe(SelectConfig(pool_size=100), "paper", set())
+    assert (paper.subsets, paper.queries) == (150, 50)
+    kept = apply_recipe(SelectConfig(pool_size=100, subsets=30, queries=8), "paper", {"subsets", "queries"})
+    assert (kept.subsets, kept.queries) == (30, 8)
+    run = apply_recipe(RunConfig(pool_size=60), "paper", {"queries"})
+    assert (run.subsets, run.queries) == (90, RunConfig().queries)
+    assert apply_recipe(SelectConfig(), "measured", set()) == SelectConfig()
+    with pytest.raises(ValueError, match="--recipe 'authors'; accepted: measured, paper"):
+        apply_recipe(SelectConfig(), "authors", set())
+
+
+def test_select_with_the_papers_recipe(files, capsys):
+    summary = run_json(capsys, *args(files, "--method", "affinity", "--evaluator", "dense", "--recipe", "paper",
+                                     "--queries", "3"))
+    assert summary["subsets"] == 36 and summary["validation_size"] == 3  # 1.5 x the pool of 24; --queries given

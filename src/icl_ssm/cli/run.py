@@ -11,12 +11,13 @@ from icl_ssm.evaluate.gate import GATE_EVALUATORS
 from icl_ssm.pipeline import RunConfig, run_pipeline, say
 from icl_ssm.report import check_lines, gate_lines
 from icl_ssm.select.estimators import ESTIMATORS
-from icl_ssm.select.run import ORDERS
+from icl_ssm.select.run import ORDERS, SELECT_RECIPES, apply_recipe, given_flags
 
 
 def _main(args: argparse.Namespace) -> int:
     args.task_options = task_options(args)
     cfg = RunConfig(**{f: getattr(args, f) for f in RunConfig.__dataclass_fields__})
+    cfg = apply_recipe(cfg, args.recipe, given_flags(getattr(args, "argv", None)))
     cfg.methods = tuple(cfg.methods)
     report = run_pipeline(cfg, args.out)
     for line in gate_lines(report) + check_lines(report):
@@ -56,6 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="further random orders of every chosen set scored on the test split (order-averaged)")
     p.add_argument("--subsets", type=int, default=d.subsets, help="affinity subsets (default n / (k eps^2))")
     p.add_argument("--estimator", default=d.estimator, choices=ESTIMATORS)
+    p.add_argument("--recipe", choices=SELECT_RECIPES, default="measured",
+                   help="paper: the authors' selection settings for the flags not given (--subsets 1.5 x the pool, "
+                        "--queries 50)")
     p.add_argument("--per-label", action="store_true",
                    help="every method: the k places shared out evenly over the pool's labels (select --per-label)")
     p.add_argument("--stratify", action="store_true",

@@ -20,7 +20,10 @@ from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.run import (
     EVALUATORS,
     ORDERS,
+    SELECT_RECIPES,
     SelectConfig,
+    apply_recipe,
+    given_flags,
     lean_lines,
     reliability_lines,
     select_demonstrations,
@@ -32,7 +35,8 @@ from icl_ssm.select.run import (
 
 def _main(args: argparse.Namespace) -> int:
     args.task_options = task_options(args)
-    cfg = with_shipped_compressor(SelectConfig(**{f.name: getattr(args, f.name) for f in fields(SelectConfig)}))
+    cfg = SelectConfig(**{f.name: getattr(args, f.name) for f in fields(SelectConfig)})
+    cfg = with_shipped_compressor(apply_recipe(cfg, args.recipe, given_flags(getattr(args, "argv", None))))
     cfg.check()
     out = atomic.prepare_dir(args.out) if args.out else None
     if cfg.per_query:
@@ -139,6 +143,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--balance-labels", action="store_true",
                    help="affinity: a subset's loss is the mean of its per-label mean validation losses, so the "
                         "label mix of the validation queries does not decide (classification tasks)")
+    p.add_argument("--recipe", choices=SELECT_RECIPES, default="measured",
+                   help="paper: the authors' selection settings for the flags not given (--subsets 1.5 x the pool, "
+                        "--queries 50)")
     p.add_argument("--per-query", action="store_true",
                    help="bm25, topk: retrieve k demonstrations for each test input (its own prompt), as the paper "
                         "and OpenICL do, instead of one set for the task")

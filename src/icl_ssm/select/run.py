@@ -12,6 +12,7 @@ every process ends with the same selection; the first one writes the files.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +47,34 @@ from icl_ssm.select.evaluators import RELIABILITY_TARGET, CacheEvaluator
 from icl_ssm.select.per_query import PER_QUERY_METHODS, per_query_selection
 
 EVALUATORS = ("compressed", "dense", "dense-per-query")
+
+
+# the selection settings of the paper's code: M = 1.5 n subsets, 50 validation queries
+SELECT_RECIPES = ("measured", "paper")
+PAPER_SUBSETS_PER_CANDIDATE = 1.5
+PAPER_QUERIES = 50
+
+
+def apply_recipe(cfg, recipe: str, given: set[str]):
+    """``cfg`` (a :class:`SelectConfig` or a run's config with ``subsets``, ``queries`` and
+    ``pool_size``) with the ``recipe``'s selection settings for the fields not in ``given``:
+    ``paper`` is the authors' code (``subsets = 1.5 * pool_size``, 50 queries); ``measured``
+    changes nothing."""
+    if recipe not in SELECT_RECIPES:
+        raise ValueError(f"--recipe {recipe!r}; accepted: {', '.join(SELECT_RECIPES)}")
+    if recipe == "measured":
+        return cfg
+    changes = {}
+    if "subsets" not in given:
+        changes["subsets"] = math.ceil(PAPER_SUBSETS_PER_CANDIDATE * cfg.pool_size)
+    if "queries" not in given:
+        changes["queries"] = PAPER_QUERIES
+    return replace(cfg, **changes)
+
+
+def given_flags(argv: list[str] | None) -> set[str]:
+    """The config fields an argv sets explicitly (``--pool-size 5`` -> ``pool_size``)."""
+    return {a[2:].split("=")[0].replace("-", "_") for a in argv or () if a.startswith("--")}
 
 
 ORDERS = (*ARRANGE_ORDERS, "search")  # search: chosen among candidate orders by the dense validation loss
