@@ -41,10 +41,13 @@ def test_paired_bootstrap_brackets_the_mean_and_excludes_zero_for_a_clear_gain()
 
 
 def result(mine: float, randoms: list[float]) -> dict:
-    rows = {"affinity": {"indices": [1, 2], "accuracy": mine}, "bm25": {"indices": [3, 4], "accuracy": 0.5},
-            ZERO_SHOT: {"indices": [], "accuracy": 0.99}}
+    """Check results on 50 examples; a prompt of accuracy a answers the first 50 a right."""
+    def row(indices, a):
+        return {"indices": indices, "accuracy": a, "correct": [1.0] * round(50 * a) + [0.0] * (50 - round(50 * a))}
+
+    rows = {"affinity": row([1, 2], mine), "bm25": row([3, 4], 0.5), ZERO_SHOT: row([], 0.99)}
     return {"check_size": 50, "random_median": float(np.median(randoms)), "prompts": rows,
-            "random": [{"indices": [10 + i], "accuracy": a} for i, a in enumerate(randoms)]}
+            "random": [row([10 + i], a) for i, a in enumerate(randoms)]}
 
 
 def test_hand_over_keeps_a_pick_above_the_median_random_prompt():
@@ -56,6 +59,9 @@ def test_hand_over_replaces_a_pick_at_or_below_the_median_and_says_why():
     name, indices, reason = hand_over(result(0.6, [0.5, 0.6, 0.9]), "affinity")
     assert (name, indices) == ("random-2", [12])  # the best-checked prompt; zero-shot is never handed over
     assert "not above the median random prompt's 0.600" in reason and "--keep-selection" in reason
+    assert "+0.300 [" in reason  # the best beats the pick on 15 more of the 50 examples, and no fewer
+    name, _, reason = hand_over(result(0.6, [0.5, 0.6, 0.64]), "affinity")  # 2 more of 50: noise
+    assert name == "affinity" and "no checked prompt beats it by more than those examples can tell" in reason
     name, _, reason = hand_over(result(0.6, [0.5, 0.6, 0.9]), "affinity", keep=True)
     assert name == "affinity" and reason.startswith("kept as asked")
     with pytest.raises(ValueError, match="preferred='gradce'"):

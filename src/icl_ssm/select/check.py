@@ -84,8 +84,11 @@ def hand_over(result: dict[str, Any], preferred: str, *, keep: bool = False) -> 
     """``(name, indices, reason)`` of the prompt to hand over.
 
     ``preferred`` (the method's pick) is handed over when it scores above the median random
-    prompt on the check examples, or when ``keep``; otherwise the best-checked prompt among the
-    candidates and the random prompts is, and ``reason`` says why."""
+    prompt on the check examples, or when ``keep``. Otherwise the best-checked prompt among the
+    candidates and the random prompts replaces it, but only when it beats the pick by a paired
+    bootstrap interval over the check examples that excludes 0: where the check examples cannot
+    tell the two apart (a task on which no prompt does better than another), the pick stays and
+    the reason says so. ``reason`` always says why."""
     rows = result["prompts"]
     if preferred not in rows:
         raise ValueError(f"preferred={preferred!r}: expected one of the checked prompts {', '.join(rows)}")
@@ -100,7 +103,16 @@ def hand_over(result: dict[str, Any], preferred: str, *, keep: bool = False) -> 
     options = {name: row for name, row in rows.items() if name != ZERO_SHOT}
     options |= {f"random-{i}": row for i, row in enumerate(result["random"])}
     best = max(options, key=lambda name: options[name]["accuracy"])
+    gain = np.asarray(options[best]["correct"]) - np.asarray(mine["correct"])
+    lo, hi = paired_bootstrap(gain, np.random.default_rng(0))
+    if lo <= 0:
+        return preferred, mine["indices"], (
+            f"{preferred} scored {mine['accuracy']:.3f} on {result['check_size']} held-out examples, not above the "
+            f"median random prompt's {median:.3f}, but no checked prompt beats it by more than those examples can "
+            f"tell (the best, {best}, {options[best]['accuracy']:.3f}: {gain.mean():+.3f} [{lo:+.3f}, {hi:+.3f}], "
+            "paired 95%); kept")
     return best, options[best]["indices"], (
         f"{preferred} scored {mine['accuracy']:.3f} on {result['check_size']} held-out examples, not above the "
-        f"median random prompt's {median:.3f}; handing over {best} ({options[best]['accuracy']:.3f}), the best "
-        "prompt on those examples (--keep-selection hands over the method's pick instead)")
+        f"median random prompt's {median:.3f}; handing over {best} ({options[best]['accuracy']:.3f}, "
+        f"{gain.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] paired 95%), the best prompt on those examples "
+        "(--keep-selection hands over the method's pick instead)")
