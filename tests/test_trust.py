@@ -53,3 +53,34 @@ def test_run_trust_on_a_tiny_model_reuses_the_first_compressor(tmp_path, tmp_cac
     assert len(said) == 2 and result["summary"]["runs"] == 2
     again = run_trust([str(data)], [0, 1], tmp_path / "trust", random=3, base=base, say=said.append)
     assert again["runs"] == rows and len(said) == 2  # finished runs are read back, not redone
+
+
+def test_rehandover_script_applies_todays_rule_to_stored_checks(tmp_path, capsys):
+    """research/rehandover.py on a planted trust run: a pick below the median that no prompt beats
+    by more than the check can tell is kept by today's rule."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "research" / "rehandover.py"
+    spec = importlib.util.spec_from_file_location("rehandover", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def row(indices, hits):
+        return {"indices": indices, "accuracy": hits / 40, "correct": [1.0] * hits + [0.0] * (40 - hits)}
+
+    check = {"check_size": 40, "random_median": 0.5, "preferred": "affinity",
+             "prompts": {"affinity": row([1, 2], 19), "zero-shot": row([], 20)},
+             "random": [row([3, 4], 18), row([5, 6], 20), row([7, 8], 21)]}
+    run = tmp_path / "t-s0"
+    (run / "stages").mkdir(parents=True)
+    (run / "stages" / "check.json").write_text(json.dumps({"key": "k", "result": check}))
+    (run / "report.json").write_text(json.dumps({
+        "selections": [{"method": "affinity", "indices": [1, 2], "test_accuracy": 0.61}],
+        "handed_over": {"name": "random-2", "indices": [7, 8]}}))
+    (tmp_path / "trust.json").write_text(json.dumps({"runs": [
+        {"task": "t", "seed": 0, "handed_over": "random-2", "handed_test_accuracy": 0.55,
+         "random_test_accuracies": [0.5, 0.6, 0.58, 0.62]}]}))
+    [out] = script.main(str(tmp_path))
+    assert (out["then"], out["now"], out["test_accuracy"]) == ("random-2", "affinity", 0.61)
+    assert out["at_or_above_median"] and not out["below_p25"] and "kept" in out["reason"]
