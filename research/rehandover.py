@@ -1,6 +1,7 @@
 """Re-derive, from finished `icl-ssm bench trust` runs, what icl_ssm.select.check.hand_over as it
 is now would hand over from each run's stored check (the check examples' answers of every
-prompt), and where that prompt stands on the test split against the run's random prompts.
+prompt), where that prompt stands on the test split against the run's random prompts, and whether
+today's check warns (the pick not shown above the median random prompt by a paired interval).
 
     python research/rehandover.py runs/trust
 
@@ -27,6 +28,8 @@ def main(root: str) -> list[dict]:
         check = json.loads((run / "stages" / "check.json").read_text())["result"]
         report = json.loads((run / "report.json").read_text())
         name, indices, reason = hand_over(check, check["preferred"])
+        mine = check["prompts"][check["preferred"]]
+        shown = mine["accuracy"] > check["random_median"] and mine["vs_median_interval"][0] > 0
         tested = {tuple(s["indices"]): s["test_accuracy"] for s in report["selections"] if s["indices"]}
         tested[tuple(report["handed_over"]["indices"])] = row["handed_test_accuracy"]
         acc = tested.get(tuple(indices))
@@ -34,7 +37,8 @@ def main(root: str) -> list[dict]:
         out.append({"task": row["task"], "seed": row["seed"], "then": row["handed_over"], "now": name,
                     "test_accuracy": acc, "random_median": float(np.median(rand)),
                     "at_or_above_median": None if acc is None else bool(acc >= np.median(rand)),
-                    "below_p25": None if acc is None else bool(acc < np.percentile(rand, 25)), "reason": reason})
+                    "below_p25": None if acc is None else bool(acc < np.percentile(rand, 25)),
+                    "warned": not shown, "reason": reason})
     print(json.dumps(out, indent=1))
     return out
 

@@ -139,3 +139,19 @@ def test_flipped_label_probe_tells_a_label_reader_from_a_label_blind_cache():
     out = flipped_label_probe({"dense": Reader(lambda s: 0.0), "blind": blind}, pool, pool[:2], labels, subsets)
     assert out["dense"]["diff"] == 1.0 and out["dense"]["higher_share"] == 1.0
     assert out["blind"]["diff"] == 0.0 and out["blind"]["higher_share"] == 0.0 and out["blind"]["ci95"] == [0.0, 0.0]
+
+
+def test_a_pick_above_the_median_by_less_than_the_check_can_tell_is_warned_about():
+    from icl_ssm.report import check_lines
+
+    rows = {"affinity": {"indices": [1], "accuracy": 0.64, "beats_random": 0.6, "vs_median": 0.02,
+                         "vs_median_interval": [-0.08, 0.12]}, ZERO_SHOT: {"indices": [], "accuracy": 0.5}}
+    check = {"check_size": 64, "random_median": 0.62, "random": [{"accuracy": a} for a in (0.55, 0.62, 0.7)],
+             "prompts": rows, "preferred": "affinity", "test_size": 150, "zero_shot_test_accuracy": 0.5,
+             "handed_over": {"name": "affinity", "indices": [1], "reason": "r", "beats_random": True,
+                             "shown_better": False, "test_accuracy": 0.6}}
+    lines = check_lines({"check": check})
+    assert lines[0].startswith("Warning: affinity's pick scored above the median random prompt on the 64 check "
+                               "examples, but by less than they can tell (+0.020 [-0.080, +0.120])")
+    check["handed_over"]["shown_better"] = True
+    assert not check_lines({"check": check})[0].startswith("Warning")

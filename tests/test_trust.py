@@ -70,7 +70,8 @@ def test_rehandover_script_applies_todays_rule_to_stored_checks(tmp_path, capsys
         return {"indices": indices, "accuracy": hits / 40, "correct": [1.0] * hits + [0.0] * (40 - hits)}
 
     check = {"check_size": 40, "random_median": 0.5, "preferred": "affinity",
-             "prompts": {"affinity": row([1, 2], 19), "zero-shot": row([], 20)},
+             "prompts": {"affinity": {**row([1, 2], 19), "vs_median_interval": [-0.2, 0.1]},
+                         "zero-shot": row([], 20)},
              "random": [row([3, 4], 18), row([5, 6], 20), row([7, 8], 21)]}
     run = tmp_path / "t-s0"
     (run / "stages").mkdir(parents=True)
@@ -83,4 +84,4 @@ def test_rehandover_script_applies_todays_rule_to_stored_checks(tmp_path, capsys
          "random_test_accuracies": [0.5, 0.6, 0.58, 0.62]}]}))
     [out] = script.main(str(tmp_path))
     assert (out["then"], out["now"], out["test_accuracy"]) == ("random-2", "affinity", 0.61)
-    assert out["at_or_above_median"] and not out["below_p25"] and "kept" in out["reason"]
+    assert out["at_or_above_median"] and not out["below_p25"] and "kept" in out["reason"] and out["warned"]

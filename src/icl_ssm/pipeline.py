@@ -328,7 +328,8 @@ def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], spl
         test_accuracy = evaluate_selection(model, builder, [splits.pool[i] for i in indices], test,
                                            query_batch=cfg.query_batch)["accuracy"]
     beats = result["prompts"][preferred]["accuracy"] > result["random_median"]
-    handed = {"name": name, "indices": indices, "reason": reason, "beats_random": beats,
+    shown = beats and result["prompts"][preferred]["vs_median_interval"][0] > 0  # by more than the check can tell
+    handed = {"name": name, "indices": indices, "reason": reason, "beats_random": beats, "shown_better": shown,
               "test_accuracy": test_accuracy}
     return stages.put("check", key, {**result, "preferred": preferred, "handed_over": handed,
                                      "zero_shot_test_accuracy": zero, "test_size": len(test)})

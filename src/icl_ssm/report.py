@@ -146,6 +146,10 @@ def check_lines(report: dict) -> list[str]:
     lo, hi = mine["vs_median_interval"]
     lines = [] if handed["beats_random"] else [f"Warning: {check['preferred']}'s pick is not better than the median "
                                                f"random prompt. {handed['reason']}."]
+    if handed["beats_random"] and not handed.get("shown_better", True):
+        lines.append(f"Warning: {check['preferred']}'s pick scored above the median random prompt on the "
+                     f"{check['check_size']} check examples, but by less than they can tell ({mine['vs_median']:+.3f} "
+                     f"[{lo:+.3f}, {hi:+.3f}]): it is not shown to be better than a random prompt of the same size.")
     lines += [
         f"Check on {check['check_size']} held-out examples: {check['preferred']} "
         f"{_acc_ci(mine['accuracy'], check['check_size'])}, above {mine['beats_random']:.0%} of {len(accs)} random "

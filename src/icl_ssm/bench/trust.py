@@ -64,7 +64,8 @@ def trust_row(report: dict, random_accs: Sequence[float], seconds: float) -> dic
         "zero_shot_test_accuracy": check.get("zero_shot_test_accuracy"),
         "random_test_accuracies": [float(a) for a in accs],
         "random_median": median, "random_p25": p25, "at_or_above_median": bool(acc >= median),
-        "below_p25": bool(acc < p25), "warned": not handed.get("beats_random", True),
+        "below_p25": bool(acc < p25),
+        "warned": not handed.get("beats_random", True) or not handed.get("shown_better", True),
         "method_at_or_above_median": bool(method and method["test_accuracy"] >= median),
         "test_size": check.get("test_size"), "seconds": seconds,
     }
