@@ -585,7 +585,7 @@ def test_packed_teacher_pass_gives_the_reference_targets(name, tmp_cache):
 @pytest.mark.parametrize("name", sorted(p.name for p in __import__("icl_ssm.compress.pretrained", fromlist=["x"])
                                         .pretrained_root().iterdir() if (p / "recipe.json").exists()))
 def test_every_shipped_compressor_keeps_the_fidelity_its_recipe_records(name):
-    """On a small sample of its held-out subsets (3 subsets x 4 queries of the recorded 30 x 32),
+    """On a small sample of its held-out subsets (4 subsets x 8 queries of the recorded 30 x 32),
     each shipped compressor answers close to the dense prompt as its recipe says it does: the
     weights load, serve the embedded model and were not swapped or damaged."""
     from icl_ssm.compress.pretrained import pretrained_root
@@ -595,12 +595,12 @@ def test_every_shipped_compressor_keeps_the_fidelity_its_recipe_records(name):
     recipe = json.loads((root / "recipe.json").read_text())
     recorded = recipe["fidelity"]
     report = run_fidelity(FidelityConfig(model=recipe["model"], task=recipe["tasks"][0], k=recipe["k"],
-                                         compressor=str(root / "compressor"), subsets=3, queries=4,
+                                         compressor=str(root / "compressor"), subsets=4, queries=8,
                                          seed=recorded["seed"]))
     assert report["cache_tokens"] == recorded["cache_tokens"]
     assert report["kl"] < 2 * recorded["kl"] + 0.02, (report["kl"], recorded["kl"])
     assert report["rel_logit_err"] < 1.5 * recorded["rel_logit_err"] + 0.05
-    assert report["top1_agree"] > recorded["top1_agree"] - 0.25
+    assert report["top1_agree"] > recorded["top1_agree"] - 0.3  # 32 answers: a coarse check
     assert report["flops_compressed"] < report["flops_dense"]
 
 
