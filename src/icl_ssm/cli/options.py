@@ -72,3 +72,25 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
             raise ValueError(f"--option {pair!r}: expected KEY=VALUE, e.g. size=50")
         options[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value
     return options
+
+
+def add_budget_flags(p: argparse.ArgumentParser, defaults: Any) -> None:
+    """``--queries``, ``--budget`` and ``--target-reliability`` with ``defaults``' values (a
+    :class:`~icl_ssm.select.run.SelectConfig` or a run's config)."""
+    p.add_argument("--queries", type=int, default=defaults.queries,
+                   help="validation queries per subset (with --budget: the most it may use)")
+    p.add_argument("--budget", type=float, default=defaults.budget,
+                   help="minutes for each affinity run: a pilot round measures the reliability of the scores, then "
+                        "queries and subsets grow toward --target-reliability within this time (instead of --subsets)")
+    p.add_argument("--target-reliability", type=float, default=defaults.target_reliability,
+                   help="with --budget: split-half reliability (Spearman-Brown) of the subset losses and of the "
+                        "candidates' scores aimed at")
+
+
+def add_recipe_flag(p: argparse.ArgumentParser) -> None:
+    """``--recipe measured|paper``: the selection settings of the flags not given."""
+    from icl_ssm.select.run import SELECT_RECIPES
+
+    p.add_argument("--recipe", choices=SELECT_RECIPES, default="measured",
+                   help="paper: the authors' selection settings for the flags not given (--subsets 1.5 x the pool, "
+                        "--queries 50)")

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from icl_ssm.cli.options import add_target, task_options
+from icl_ssm.cli.options import add_budget_flags, add_recipe_flag, add_target, task_options
 from icl_ssm.evaluate.gate import GATE_EVALUATORS
 from icl_ssm.pipeline import RunConfig, run_pipeline, say
 from icl_ssm.report import check_lines, gate_lines
 from icl_ssm.select.estimators import ESTIMATORS
-from icl_ssm.select.run import ORDERS, SELECT_RECIPES, apply_recipe, given_flags
+from icl_ssm.select.run import ORDERS, apply_recipe, given_flags
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -45,21 +45,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gate", action=argparse.BooleanOptionalAction, default=d.gate,
                    help="when distilling: gated virtual tokens beside the exact recent tokens")
     p.add_argument("--pool-size", type=int, default=d.pool_size, help="candidates to select from")
-    p.add_argument("--queries", type=int, default=d.queries,
-                   help="validation queries per subset (with --budget: the most it may use)")
-    p.add_argument("--budget", type=float, default=d.budget,
-                   help="minutes for each affinity run: a pilot round measures the reliability of the scores, then "
-                        "queries and subsets grow toward --target-reliability within this time (instead of --subsets)")
-    p.add_argument("--target-reliability", type=float, default=d.target_reliability,
-                   help="with --budget: split-half reliability of the subset losses and of the candidates' scores")
+    add_budget_flags(p, d)
     p.add_argument("--test-size", type=int, default=d.test_size, help="test examples per evaluation")
     p.add_argument("--test-orders", type=int, default=d.test_orders,
                    help="further random orders of every chosen set scored on the test split (order-averaged)")
     p.add_argument("--subsets", type=int, default=d.subsets, help="affinity subsets (default n / (k eps^2))")
     p.add_argument("--estimator", default=d.estimator, choices=ESTIMATORS)
-    p.add_argument("--recipe", choices=SELECT_RECIPES, default="measured",
-                   help="paper: the authors' selection settings for the flags not given (--subsets 1.5 x the pool, "
-                        "--queries 50)")
+    add_recipe_flag(p)
     p.add_argument("--per-label", action="store_true",
                    help="every method: the k places shared out evenly over the pool's labels (select --per-label)")
     p.add_argument("--stratify", action="store_true",

@@ -9,7 +9,7 @@ import sys
 from dataclasses import asdict, fields
 
 from icl_ssm import atomic
-from icl_ssm.cli.options import add_target, task_options
+from icl_ssm.cli.options import add_budget_flags, add_recipe_flag, add_target, task_options
 from icl_ssm.compress.compressor import load_compressor
 from icl_ssm.data.tasks import get_task
 from icl_ssm.evaluate.answers import LOSSES
@@ -20,7 +20,6 @@ from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.run import (
     EVALUATORS,
     ORDERS,
-    SELECT_RECIPES,
     SelectConfig,
     apply_recipe,
     given_flags,
@@ -121,14 +120,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--coverage", type=int, default=d.coverage, help="minimum subsets containing each candidate")
     p.add_argument("--adaptive", type=float, default=d.adaptive,
                    help="fraction of M spent on a second round near the top-k boundary")
-    p.add_argument("--queries", type=int, default=d.queries,
-                   help="validation queries per subset (with --budget: the most it may use)")
-    p.add_argument("--budget", type=float, default=d.budget,
-                   help="minutes for affinity: a pilot round measures the reliability of the scores, then queries "
-                        "and subsets grow toward --target-reliability within this time (instead of --subsets)")
-    p.add_argument("--target-reliability", type=float, default=d.target_reliability,
-                   help="with --budget: split-half reliability (Spearman-Brown) of the subset losses and of the "
-                        "candidates' scores aimed at")
+    add_budget_flags(p, d)
     p.add_argument("--test-size", type=int, default=d.test_size, help="test examples scored (default: all)")
     p.add_argument("--test-orders", type=int, default=d.test_orders,
                    help="further random orders of the chosen set scored on the test split (order-averaged accuracy)")
@@ -143,9 +135,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--balance-labels", action="store_true",
                    help="affinity: a subset's loss is the mean of its per-label mean validation losses, so the "
                         "label mix of the validation queries does not decide (classification tasks)")
-    p.add_argument("--recipe", choices=SELECT_RECIPES, default="measured",
-                   help="paper: the authors' selection settings for the flags not given (--subsets 1.5 x the pool, "
-                        "--queries 50)")
+    add_recipe_flag(p)
     p.add_argument("--per-query", action="store_true",
                    help="bm25, topk: retrieve k demonstrations for each test input (its own prompt), as the paper "
                         "and OpenICL do, instead of one set for the task")
