@@ -8,7 +8,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -96,6 +96,7 @@ class AffinitySelector(Selector):
     pilot_queries: int = PILOT_QUERIES
     say: Callable[[str], None] | None = None  # the pilot's findings and the plan, before the main round
     on_total: Callable[[int], None] | None = None  # the subset evaluations a budget's plan makes in all
+    _labels: list[str] | None = field(default=None, init=False, repr=False)  # the pool's, set by select()
 
     @classmethod
     def from_config(cls, cfg, model, builder, compressor=None, progress=None) -> AffinitySelector:
@@ -246,6 +247,8 @@ class AffinitySelector(Selector):
 
     def estimate(self, subsets, losses, n) -> tuple[np.ndarray, np.ndarray]:
         if self.estimator == "adjusted":  # needs the pool's labels, set by select()
+            if self._labels is None or len(self._labels) != n:
+                raise ValueError("the adjusted estimator needs the pool's labels: call select()")
             return adjusted_affinity(subsets, losses, n, self._labels)
         fn = mean_affinity if self.estimator == "mean" else ridge_affinity
         return fn(subsets, losses, n)
