@@ -62,6 +62,8 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
     assert rows[2]["flops_vs_compressed"] == 1.0 and rows[3]["flops_vs_compressed"] == pytest.approx(
         rows[3]["flops_per_subset"] / rows[2]["flops_per_subset"])  # ratios within one query path
     assert all(r["flops_per_subset"] > 0 for r in rows)
+    # seconds come from a pass without the FLOP counter, beside the counted pass's
+    assert all(r["seconds_per_subset"] > 0 and r["seconds_per_subset_counting"] > 0 for r in rows)
     per_query = rows[4]["flops_per_subset"]
     assert per_query > rows[1]["flops_per_subset"]  # per-query re-reads the prompt for every query
     assert "| 3 |" in capsys.readouterr().out

@@ -17,6 +17,7 @@ from icl_ssm.compress import pretrained as pretrained_mod
 from icl_ssm.compress.cache import compress_demonstrations, exact_cache, generate_with_prefix
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.compress.pretrained import find_pretrained, load_pretrained
+from icl_ssm.cost import ShapeFlops
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import Example, get_task
 from icl_ssm.evaluate.answers import evaluate_prefixes, pad_right
@@ -403,6 +404,48 @@ def test_split_half_reads_the_per_query_losses():
     assert split_half(balanced) == split_half_spearman(mixed, labels) < 0.9
     assert np.isnan(split_half(SubsetLosses(np.zeros(12))))  # an oracle has no per-query losses
     assert np.isnan(split_half(SubsetLosses(np.zeros(2), query_losses=np.ones((2, 4)))))
+
+
+def test_sampled_flops_stay_close_to_flops_counted_on_every_batch(setup):
+    """CacheEvaluator(flops="sample") counts a few batches and interpolates the rest by padded
+    length; its total is within 1% of counting every batch (the reference), on both caches and
+    query paths, and equal where every batch was counted."""
+    model, builder, splits, comp = setup
+    pool, val = splits.pool[:30], splits.validation[:3]
+    rng = np.random.default_rng(1)
+    subs = [sorted(rng.choice(30, size=int(rng.integers(1, 6)), replace=False).tolist()) for _ in range(30)]
+    for cache in ("compressed", "dense"):
+        for pack in (True, False):
+            counted = CacheEvaluator(model, builder, cache, comp, batch=3, pack=pack, flops="count").evaluate(
+                pool, val, subs)
+            ev = CacheEvaluator(model, builder, cache, comp, batch=3, pack=pack)
+            sampled = ev.evaluate(pool, val, subs)
+            [form] = ev._flop_samples.values()
+            assert form.estimated > 0 and len(form.counted) + form.estimated == 10  # some batches uncounted
+            assert sampled.cost.flops == pytest.approx(counted.cost.flops, rel=0.01)
+            np.testing.assert_allclose(sampled.losses, counted.losses, rtol=1e-5)
+            few = CacheEvaluator(model, builder, cache, comp, batch=3, pack=pack).evaluate(pool, val, subs[:9])
+            assert few.cost.flops == CacheEvaluator(model, builder, cache, comp, batch=3, pack=pack,
+                                                    flops="count").evaluate(pool, val, subs[:9]).cost.flops
+    assert CacheEvaluator(model, builder, "dense", flops="off").evaluate(pool, val, subs[:2]).cost.flops == 0
+    with pytest.raises(ValueError, match="flops='every'; accepted: sample, count, off"):
+        CacheEvaluator(model, builder, "dense", flops="every")
+
+
+def test_shape_flops_counts_new_lengths_and_interpolates_between_them():
+    flops = ShapeFlops(sample=3)
+    truth = lambda b, t: b * (1000 + 30 * t + 2 * t * t)  # noqa: E731
+    for b, t in [(2, 10), (3, 40), (1, 20)]:
+        assert flops.wants(b, t)
+        flops.add(b, t, truth(b, t))
+    assert not flops.wants(2, 10) and flops.predict(2, 10) == truth(2, 10) and flops.estimated == 0
+    assert not flops.wants(4, 30) and flops.wants(1, 41) and flops.wants(1, 9)  # outside the counted lengths
+    per_row = (truth(1, 20) + truth(1, 40)) / 2
+    assert flops.predict(4, 30) == round(4 * per_row) and flops.estimated == 1
+    with pytest.raises(ValueError, match=r"no FLOPs for B=1, T=41 between counted lengths \[10, 20, 40\]"):
+        flops.predict(1, 41)
+    with pytest.raises(ValueError, match="sample=0: expected >= 1"):
+        ShapeFlops(sample=0)
 
 
 def test_evaluators_keep_every_query_loss(setup):

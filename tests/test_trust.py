@@ -53,6 +53,15 @@ def test_run_trust_on_a_tiny_model_reuses_the_first_compressor(tmp_path, tmp_cac
     assert len(said) == 2 and result["summary"]["runs"] == 2
     again = run_trust([str(data)], [0, 1], tmp_path / "trust", random=3, base=base, say=said.append)
     assert again["runs"] == rows and len(said) == 2  # finished runs are read back, not redone
+    # a finished run whose compressor has gone (the checkout moved) does not lend that path to the next seed
+    stored = tmp_path / "trust" / "coin-s0" / "report.json"
+    moved = json.loads(stored.read_text())
+    moved["compressor"]["compressor"] = str(tmp_path / "gone" / "compressor")
+    stored.write_text(json.dumps(moved))
+    third = run_trust([str(data)], [0, 2], tmp_path / "trust", random=3, base=base, say=said.append)
+    assert [r["seed"] for r in third["runs"]] == [0, 2] and len(said) == 3
+    s2 = json.loads((tmp_path / "trust" / "coin-s2" / "report.json").read_text())
+    assert s2["compressor"]["source"] == "distilled"
 
 
 def test_rehandover_script_applies_todays_rule_to_stored_checks(tmp_path, capsys):

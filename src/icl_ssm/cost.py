@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -56,6 +57,48 @@ def measure(device: torch.device | str | None = None, count_flops: bool = True) 
             cost.peak_bytes = torch.cuda.max_memory_allocated(device)
         cost.seconds = time.perf_counter() - t0
         cost.flops = counter.get_total_flops() if counter is not None else 0
+
+
+class ShapeFlops:
+    """The FLOPs ``FlopCounterMode`` counts for a batch of ``B`` right-padded rows of length
+    ``T`` (the work of the cache paths depends on those two alone), learned from a few counted
+    batches so that the others need no counter: its Python dispatch costs the many small
+    matrix products of a compressed cache up to half their time.
+
+    A batch is counted (:meth:`wants`) while fewer than ``sample`` lengths are known and when
+    its length lies outside the counted ones. :meth:`predict` gives the count of a counted
+    ``(B, T)`` and otherwise ``B`` times the per-row FLOPs interpolated linearly in ``T``
+    between the nearest counted lengths; :attr:`estimated` counts those batches. The FLOPs are
+    not polynomial in ``T`` (the scan's fold splits ``T`` by its remainder), so interpolation,
+    not a fitted form.
+    """
+
+    def __init__(self, sample: int = 3) -> None:
+        if sample < 1:
+            raise ValueError(f"sample={sample}: expected >= 1")
+        self.sample = sample
+        self.counted: dict[tuple[int, int], int] = {}
+        self.per_row: dict[int, float] = {}  # T -> FLOPs per row
+        self.estimated = 0
+
+    def wants(self, batch: int, length: int) -> bool:
+        if (batch, length) in self.counted:
+            return False
+        return len(self.per_row) < self.sample or not min(self.per_row) <= length <= max(self.per_row)
+
+    def add(self, batch: int, length: int, flops: int) -> None:
+        self.counted[(batch, length)] = int(flops)
+        self.per_row[length] = flops / batch
+
+    def predict(self, batch: int, length: int) -> int:
+        if (batch, length) in self.counted:
+            return self.counted[(batch, length)]
+        if not self.per_row or not min(self.per_row) <= length <= max(self.per_row):
+            raise ValueError(f"no FLOPs for B={batch}, T={length} between counted lengths "
+                             f"{sorted(self.per_row)}: count this batch (wants() is True)")
+        known = sorted(self.per_row)
+        self.estimated += 1
+        return int(round(batch * float(np.interp(length, known, [self.per_row[t] for t in known]))))
 
 
 def _peak_rss_self() -> int:

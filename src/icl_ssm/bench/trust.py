@@ -87,8 +87,9 @@ def run_trust(tasks: Sequence[str], seeds: Sequence[int], out: str | Path, *, ra
             run_dir = out / f"{Path(task).stem}-s{seed}"
             if (task, seed) in done and (run_dir / "report.json").exists():
                 rows.append(done[(task, seed)])
-                compressors[task] = compressors[task] or json.loads(
-                    (run_dir / "report.json").read_text())["compressor"]["compressor"]
+                stored = json.loads((run_dir / "report.json").read_text())["compressor"]["compressor"]
+                if stored and Path(stored).is_dir():  # a run's compressor moved with its checkout is found anew
+                    compressors[task] = compressors[task] or stored
                 continue
             cfg = replace(base, task=task, seed=seed, compressor=compressors[task])
             t0 = time.perf_counter()

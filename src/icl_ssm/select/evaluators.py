@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 
 from icl_ssm.compress.cache import PrefixCache, compressed_cache, exact_cache
 from icl_ssm.compress.compressor import SSMCompressor
-from icl_ssm.cost import Cost, measure
+from icl_ssm.cost import Cost, ShapeFlops, measure
 from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.answers import LOSSES, CacheBuilder, evaluate_prefixes, pad_right
 from icl_ssm.evaluate.stats import label_weights, queries_for_reliability, spearman_brown, split_half_spearman
@@ -25,6 +25,9 @@ from icl_ssm.lm.scoring import answer_loss
 
 # the reliability a validation set should give the subsets' ranking; `select` names the queries it takes
 RELIABILITY_TARGET = 0.8
+# how CacheEvaluator counts FLOPs: "sample" (a few batches counted, the others interpolated by length, so
+# that the counter's dispatch stays out of most timings), "count" (every batch: the reference), "off"
+FLOP_MODES = ("sample", "count", "off")
 
 
 @dataclass
@@ -123,6 +126,10 @@ class CacheEvaluator(SubsetEvaluator):
     copies and no padding (at k = 50 with 16 reviews: half the compressed evaluator's FLOPs,
     half the dense one's seconds; BENCHMARKS.md). A packed row's attention is quadratic in
     ``query_batch`` times the query length: lower ``query_batch`` for long queries.
+    ``flops``: ``"sample"`` (default) counts FLOPs with ``FlopCounterMode`` on a few batches and
+    interpolates the others by padded length (:class:`icl_ssm.cost.ShapeFlops`), so that the
+    seconds are mostly the work's own; ``"count"`` counts every batch inside the timed block
+    (the reference); ``"off"`` counts none.
     """
 
     model: PreTrainedModel
@@ -134,8 +141,12 @@ class CacheEvaluator(SubsetEvaluator):
     query_batch: int = 32
     balance_labels: bool = False
     pack: bool = True
+    flops: str = "sample"
+    _flop_samples: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.flops not in FLOP_MODES:
+            raise ValueError(f"flops={self.flops!r}; accepted: {', '.join(FLOP_MODES)}")
         if self.loss not in LOSSES:
             raise ValueError(f"loss={self.loss!r}; accepted: {', '.join(LOSSES)}")
         if self.batch < 1 or self.query_batch < 1:
@@ -158,17 +169,26 @@ class CacheEvaluator(SubsetEvaluator):
 
     def evaluate(self, pool, validation, subsets):
         device = self.model.device
-        suffix_tokens = sum(len(self.builder.build_suffix(q).input_ids) for q in validation)
+        suffix_lengths = tuple(len(self.builder.build_suffix(q).input_ids) for q in validation)
+        suffix_tokens = sum(suffix_lengths)
+        form = self._flop_samples.setdefault(suffix_lengths, ShapeFlops())  # per (B, T), kept across calls
         labels = query_labels(self.builder, validation, self.balance_labels)
         weights = None if labels is None else label_weights(labels)
         losses, per_query, total, tokens = [], [], Cost(), 0
         for start in range(0, len(subsets), self.batch):
             chunk = subsets[start : start + self.batch]
             ids, mask = pad_right([self.builder.build_prefix([pool[i] for i in s]) for s in chunk])
-            with torch.no_grad(), measure(device) as cost:
+            shape = tuple(ids.shape[:2])
+            count = self.flops == "count" or (self.flops == "sample" and form.wants(*shape))
+            with torch.no_grad(), measure(device, count_flops=count) as cost:
                 prefix = self.build(ids.to(device), mask.to(device))
                 ev = evaluate_prefixes(self.model, self.builder, prefix, validation, loss=self.loss,
                                        query_batch=self.query_batch, keep_logits=False, pack=self.pack)
+            if self.flops == "sample":
+                if count:
+                    form.add(*shape, cost.flops)
+                else:
+                    cost.flops = form.predict(*shape)
             q = ev.loss.double().numpy()
             per_query.append(q)
             losses.append(ev.subset_loss().double().numpy() if weights is None else q @ weights)
