@@ -18,6 +18,7 @@ from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.base import SELECTORS
 from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.run import (
+    EVALUATED,
     EVALUATORS,
     ORDERS,
     SelectConfig,
@@ -49,7 +50,7 @@ def _main(args: argparse.Namespace) -> int:
     main = state.is_main_process
     model, tokenizer = load_model(cfg.model, device=state.device)
     compressor = None
-    if cfg.method == "affinity" and cfg.evaluator == "compressed":
+    if cfg.method in EVALUATED and cfg.evaluator == "compressed":
         compressor = load_compressor(cfg.compressor, model.config).to(state.device)
     stderr = Console(stderr=True)
     with Progress(TextColumn(f"select {cfg.method}"), BarColumn(), MofNCompleteColumn(), TextColumn("subsets"),

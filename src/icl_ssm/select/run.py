@@ -41,12 +41,14 @@ from icl_ssm.select.base import (
     order_rng,
     per_label,
 )
+from icl_ssm.select.bridge import BridgeSelector
 from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.evaluators import RELIABILITY_TARGET, CacheEvaluator
 from icl_ssm.select.per_query import PER_QUERY_METHODS, per_query_selection
 
 EVALUATORS = ("compressed", "dense", "dense-per-query")
+EVALUATED = ("affinity", "bridge")  # the methods that score subsets with an evaluator (--evaluator)
 
 
 # the selection settings of the paper's code: M = 1.5 n subsets, 50 validation queries
@@ -127,12 +129,12 @@ class SelectConfig:
                              "then random orders)")
         if self.loss not in LOSSES:
             raise ValueError(f"--loss {self.loss!r}; accepted: {', '.join(LOSSES)}")
-        if self.method == "affinity" and self.evaluator == "compressed" and not self.compressor:
+        if self.method in EVALUATED and self.evaluator == "compressed" and not self.compressor:
             shipped = find_pretrained(self.model, self.task, self.k)
             where = (f"the one shipped for them is {shipped / 'compressor'}" if shipped else
                      f"none is shipped for --model {self.model} and --task {self.task}; train one with "
                      "`icl-ssm distill`")
-            raise ValueError(f"--method affinity --evaluator compressed needs --compressor DIR ({where}), "
+            raise ValueError(f"--method {self.method} --evaluator compressed needs --compressor DIR ({where}), "
                              "or use --evaluator dense")
         for name in ("queries", "batch", "query_batch"):
             if getattr(self, name) < 1:
@@ -201,7 +203,10 @@ def select_demonstrations(
         raise ValueError(f"{flag} shares the k={cfg.k} places out over the pool's labels, but task {task.name!r} "
                          f"has {len(kinds)} distinct labels in its pool; use it with at most k labels")
     if on_start is not None:
-        on_start(sum(selector.plan(len(splits.pool), cfg.k)) if isinstance(selector, AffinitySelector) else 0)
+        if isinstance(selector, AffinitySelector):
+            on_start(sum(selector.plan(len(splits.pool), cfg.k)))
+        else:
+            on_start(selector.plan(len(splits.pool), cfg.k) if isinstance(selector, BridgeSelector) else 0)
     t0 = time.perf_counter()
     selection = selector.select(splits.pool, validation, cfg.k, np.random.default_rng(cfg.seed))
     if cfg.per_label:
@@ -226,7 +231,7 @@ def select_demonstrations(
         "flops": selection.cost.flops, "wall_seconds": wall, "subsets": selection.subsets or None,
         "tokens": selection.tokens, "unseen": len(selection.unseen),
         "order": cfg.order, "per_label": cfg.per_label or cfg.stratify, "stratified": cfg.stratify,
-        "evaluator": cfg.evaluator if cfg.method == "affinity" else None,
+        "evaluator": cfg.evaluator if cfg.method in EVALUATED else None,
         "estimator": cfg.estimator if cfg.method == "affinity" else None,
         "model": cfg.model, "task": task.name, "seed": cfg.seed, "pool_size": len(splits.pool),
         "validation_size": len(validation), "test_size": len(test),
@@ -340,7 +345,7 @@ def write_selection(out: Path, selection: Selection, summary: dict, pool, builde
 def with_shipped_compressor(cfg: SelectConfig) -> SelectConfig:
     """``cfg`` with ``compressor`` set to the one shipped for its model and task (trained at the
     shot count nearest ``k``) when affinity on compressed caches was asked for without one."""
-    if cfg.compressor or cfg.method != "affinity" or cfg.evaluator != "compressed":
+    if cfg.compressor or cfg.method not in EVALUATED or cfg.evaluator != "compressed":
         return cfg
     shipped = find_pretrained(cfg.model, cfg.task, cfg.k)
     if shipped is None:
