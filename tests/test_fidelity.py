@@ -872,3 +872,36 @@ def test_long_context_baselines_are_measured_beside_the_compressor(files, capsys
 
     with pytest.raises(ValueError, match=r"--baselines \['gist'\]; accepted: streaming, lm-infinite"):
         FidelityConfig(task="t", baselines=("gist",)).check()
+
+
+def test_bench_long_context_writes_the_table_per_task_and_k(files, tmp_path, capsys):
+    """One fidelity run per k with StreamingLLM and LM-Infinite beside the compressor, its control
+    and the window; the rows carry the report's numbers, the cache size follows the slots, and a
+    second call reads the reports back."""
+    from icl_ssm.bench.long_context import cache_bytes
+
+    out = tmp_path / "lc"
+    argv = ["bench", "long-context", "--model", "tiny-llama", "--tasks", files["data"], "--k", "2", "3",
+            "--compressor", f"{files['data']}={files['comp']}", "--control", f"{files['data']}={files['ctl']}",
+            "--subsets", "4", "--queries", "3", "--out", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    table = json.loads((out / "long_context.json").read_text())
+    assert [r["k"] for r in table["results"]] == [2, 3]
+    report = json.loads((out / "coin-k3.json").read_text())
+    rows = {r["path"]: r for r in table["results"][1]["rows"]}
+    assert list(rows) == ["dense", "compressed", "control", "window", "streaming", "lm-infinite"]
+    assert rows["streaming"]["kl"] == report["streaming_kl"] and rows["compressed"]["kl"] == report["kl"]
+    assert rows["compressed"]["spearman"] == report["subset_loss_spearman"]
+    assert rows["dense"]["flops_vs_dense"] == 1.0 and rows["compressed"]["flops"] == report["flops_compressed"]
+    config = tiny_model("llama").config
+    assert rows["window"]["cache_mib"] == pytest.approx(cache_bytes(report["num_sink"] + report["n_window"], config)
+                                                        / 2**20)
+    assert rows["dense"]["slots"] == report["prompt_tokens_mean"] > rows["compressed"]["slots"]
+    md = (out / "long_context.md").read_text()
+    assert "| lm-infinite |" in md and "k = 3" in md and (out / "long_context.png").stat().st_size > 0
+    stamp = (out / "coin-k3.json").stat().st_mtime_ns
+    assert main(argv) == 0 and (out / "coin-k3.json").stat().st_mtime_ns == stamp  # read back, not rerun
+    capsys.readouterr()
+    assert main(["bench", "long-context", "--tasks", files["data"], "--compressor", "COMP", "--out", str(out)]) != 0
+    assert "--compressor 'COMP': expected NAME=DIR" in capsys.readouterr().err

@@ -241,6 +241,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="directory for spectrum.json and spectrum.png")
     p.set_defaults(func=_run_legendre)
     p = kinds.add_parser(
+        "long-context",
+        help="the compressed cache against StreamingLLM, LM-Infinite, the window (and a control) per task and k: "
+             "error, KL, accuracy, subset-loss Spearman, FLOPs and cache size; JSON, markdown and PNG",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", default=RunConfig.model)
+    p.add_argument("--tasks", nargs="+", default=["rotten_tomatoes"])
+    p.add_argument("--k", type=int, nargs="+", default=[50, 75], help="shot counts")
+    p.add_argument("--compressor", nargs="*", default=[], metavar="TASK=DIR",
+                   help="a compressor per task (default: the one shipped for the task, trained nearest k)")
+    p.add_argument("--control", nargs="*", default=[], metavar="TASK=DIR", help="its control, per task")
+    p.add_argument("--subsets", type=int, default=20, help="held-out subsets per (task, k)")
+    p.add_argument("--queries", type=int, default=16, help="validation queries per subset")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="directory: one report per (task, k), long_context.{json,md,png}")
+    p.set_defaults(func=_run_long_context)
+    p = kinds.add_parser(
         "trust",
         help="run with default settings over tasks and seeds: the handed-over prompt against random prompts",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -269,6 +286,19 @@ def _run_legendre(args: argparse.Namespace) -> int:
         at = {n: (g["keys"][n - 1], g["values"][n - 1]) for n in (4, 16, 64, 256) if n <= len(g["keys"])}
         print(f"layers {g['layers'][0]}-{g['layers'][-1]}: " + ", ".join(
             f"{n} coefficients keep {kv[0]:.1%} of the keys, {kv[1]:.1%} of the values" for n, kv in at.items()))
+    return 0
+
+
+def _run_long_context(args: argparse.Namespace) -> int:
+    from icl_ssm.bench.long_context import run_long_context
+    from icl_ssm.evaluate.fidelity import FidelityConfig, parse_also
+
+    base = FidelityConfig(model=args.model, subsets=args.subsets, queries=args.queries, seed=args.seed)
+    table = run_long_context(args.tasks, args.k, args.out, base=base,
+                             compressors=parse_also(args.compressor, "--compressor"),
+                             controls=parse_also(args.control, "--control"),
+                             say=lambda line: print(line, file=sys.stderr))
+    print(json.dumps({"out": args.out, "results": len(table["results"])}))
     return 0
 
 

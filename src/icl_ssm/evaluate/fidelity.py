@@ -528,14 +528,14 @@ def run_fidelity(
     return report
 
 
-def parse_also(items: Sequence[str] | None) -> dict[str, str]:
-    """``--also NAME=DIR ...`` -> {NAME: DIR}."""
+def parse_also(items: Sequence[str] | None, flag: str = "--also") -> dict[str, str]:
+    """``--also NAME=DIR ...`` (or another ``flag`` of the same form) -> {NAME: DIR}."""
     out: dict[str, str] = {}
     for item in items or ():
         name, sep, path = item.partition("=")
         if not (sep and name and path):
-            raise ValueError(f"--also {item!r}: expected NAME=DIR (a name for the report and a compressor directory)")
+            raise ValueError(f"{flag} {item!r}: expected NAME=DIR (a name and a compressor directory)")
         if name in out:
-            raise ValueError(f"--also: the name {name!r} is given twice")
+            raise ValueError(f"{flag}: the name {name!r} is given twice")
         out[name] = path
     return out
