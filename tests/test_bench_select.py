@@ -75,6 +75,9 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "affinity:dense" in table and "**mean**" in table and "chosen in common with dense" in table
     result = json.loads(out.read_text())
+    zero = [r for r in result["runs"] if r["method"] == "zero-shot"]  # one per seed, no demonstrations
+    assert [(r["seed"], r["indices"]) for r in zero] == [(0, []), (1, [])] and "zero-shot" in table
+    assert result["table"][str(data)]["zero-shot"][0] == pytest.approx(np.mean([r["test_accuracy"] for r in zero]))
     agree = {(a["seed"], a["method"]): a for a in result["agreement"]}
     assert set(agree) == {(s, m) for s in (0, 1) for m in ("affinity", "affinity:again")}
     for seed in (0, 1):  # the same compressor under another name: the same subsets, the same losses
@@ -91,15 +94,17 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "paired diff vs score" in table and "| quality | 1 | affinity:again | " in table
     order = json.loads(ordered.read_text())
-    assert len(order["rows"]) == 3 * len(result["runs"]) and order["table"]["interleave"]["selections"] == 8
+    assert len(order["rows"]) == 3 * len(result["runs"]) and order["table"]["interleave"]["selections"] == 10
+    zero_rows = [r for r in order["rows"] if r["method"] == "zero-shot"]
+    assert {(r["seed"], r["test_accuracy"]) for r in zero_rows} == {(r["seed"], r["test_accuracy"]) for r in zero}
     assert all(r["reproduced"] for r in order["rows"] if r["order"] == "score")  # the report's own order, rescored
     assert tail_run(["a", "b", "b"]) == 2 and tail_run(["b"]) == 1
     assert main(["bench", "select-order", "--model", "tiny-llama", "--reports", str(out), "--orders", "score",
                  "random", "--permutations", "3", "--json-out", str(ordered)]) == 0
-    assert "| random | 8 |" in capsys.readouterr().out
+    assert "| random | 10 |" in capsys.readouterr().out
     order = json.loads(ordered.read_text())
     assert len(order["rows"]) == 4 * len(result["runs"]) and order["table"]["random"]["draws"] == 3
-    for run in result["runs"]:
+    for run in (r for r in result["runs"] if r["method"] != "zero-shot"):
         drawn = [r["indices"] for r in order["rows"] if r["order"] == "random" and r["seed"] == run["seed"]
                  and r["method"] == run["method"]]
         assert len(drawn) == 3 and all(sorted(d) == sorted(run["indices"]) for d in drawn)

@@ -34,6 +34,7 @@ from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.affinity import AffinitySelector
 from icl_ssm.select.base import ARRANGE_ORDERS, arrange, order_rng, top_k, top_k_per_label
+from icl_ssm.select.check import ZERO_SHOT
 from icl_ssm.select.estimators import mean_affinity, ridge_affinity
 from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.evaluators import (
@@ -142,9 +143,15 @@ def select_quality(args: argparse.Namespace) -> dict:
                                 ("split_half", "reliability", "queries_needed", "query_losses", "query_labels")}})
                 _log(f"{task_name} seed {seed} {method}: {summary['test_accuracy']:.3f} "
                      f"({summary['wall_seconds']:.0f} s)")
+            # what a user gets with no demonstration at all, on the same test examples
+            zero = evaluate_selection(model, PromptBuilder.for_model(model, tokenizer, task), [],
+                                      splits.test[: args.test_size], query_batch=args.query_batch)
+            runs.append({"task": task_name, "seed": seed, "method": ZERO_SHOT, "test_accuracy": zero["accuracy"],
+                         "flops": 0, "wall_seconds": 0.0, "subsets": None, "indices": [], "scores": [],
+                         "subset_losses": None})
     table = {}
     for task_name in args.tasks:
-        for method in args.methods:
+        for method in [*args.methods, ZERO_SHOT]:
             acc = [r["test_accuracy"] for r in runs if r["task"] == task_name and r["method"] == method]
             table.setdefault(task_name, {})[method] = (float(np.mean(acc)), float(np.std(acc)))
     return {"model": args.model, "k": args.k, "seeds": args.seeds, "runs": runs, "table": table,
@@ -377,12 +384,17 @@ def select_order(args: argparse.Namespace) -> dict:
             builder = PromptBuilder.for_model(model, tokenizer, task)
             test = splits.test[: settings["test_size"]]
             labels = [splits.pool[i].target for i in run["indices"]]
+            zero = None  # the zero-shot row has no order: scored once
             for order in args.orders:
                 rng = order_rng(run["seed"])  # successive draws: the permutations of the random order
                 for p in range(args.permutations if order == "random" else 1):
                     indices = arrange(run["indices"], labels, order, rng)
-                    acc = evaluate_selection(model, builder, [splits.pool[i] for i in indices], test,
-                                               query_batch=args.query_batch)["accuracy"]
+                    if indices or zero is None:
+                        acc = evaluate_selection(model, builder, [splits.pool[i] for i in indices], test,
+                                                 query_batch=args.query_batch)["accuracy"]
+                        zero = acc if not indices else None
+                    else:
+                        acc = zero
                     row = {"report": name, "task": run["task"], "seed": run["seed"], "method": run["method"],
                            "order": order, "indices": indices, "test_accuracy": acc,
                            "tail_run": tail_run([splits.pool[i].target for i in indices])}
