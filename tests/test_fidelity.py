@@ -905,3 +905,21 @@ def test_bench_long_context_writes_the_table_per_task_and_k(files, tmp_path, cap
     capsys.readouterr()
     assert main(["bench", "long-context", "--tasks", files["data"], "--compressor", "COMP", "--out", str(out)]) != 0
     assert "--compressor 'COMP': expected NAME=DIR" in capsys.readouterr().err
+
+
+def test_bench_length_measures_error_in_the_context_and_only_the_compressed_cache_beyond(files, tmp_path, capsys):
+    out = tmp_path / "len"
+    assert main(["bench", "length", "--model", "tiny-llama", "--task", files["data"], "--compressor", files["comp"],
+                 "--k", "2", "40", "--subsets", "2", "--queries", "3", "--out", str(out)]) == 0
+    result = json.loads((out / "length.json").read_text())
+    near, far = result["rows"]
+    assert result["context"] == 512 and near["prompt_tokens"] < 512 < far["prompt_tokens"]
+    assert near["in_context"] and near["kl"] >= 0 and near["dense"]["flops"] > near["compressed"]["flops"] > 0
+    assert not far["in_context"] and "dense" not in far and "kl" not in far
+    assert far["compressed"]["seconds"] > 0 and 0 <= far["compressed"]["accuracy"] <= 1
+    md = (out / "length.md").read_text()
+    assert "no dense reference (beyond the context)" in md and (out / "length.png").stat().st_size > 0
+    capsys.readouterr()
+    assert main(["bench", "length", "--model", "tiny-llama", "--task", files["data"], "--compressor", files["comp"],
+                 "--k", "500", "--out", str(out)]) != 0
+    assert "--k 500: the pool of task" in capsys.readouterr().err

@@ -258,6 +258,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="directory: one report per (task, k), long_context.{json,md,png}")
     p.set_defaults(func=_run_long_context)
     p = kinds.add_parser(
+        "length",
+        help="one compressor at growing k (the paper's length generalisation): error against the dense prompt "
+             "while it fits the context, seconds and FLOPs of both paths; JSON, markdown and PNG",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", default=RunConfig.model)
+    p.add_argument("--task", default="rotten_tomatoes")
+    p.add_argument("--compressor", default=None,
+                   help="compressor directory (default: the one shipped for the task, trained nearest 50)")
+    p.add_argument("--k", type=int, nargs="+", default=[50, 100, 150, 250, 400, 1000], help="shot counts")
+    p.add_argument("--subsets", type=int, default=3, help="random k-subsets per shot count")
+    p.add_argument("--queries", type=int, default=8, help="validation queries per subset")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="directory for length.json, length.md and length.png")
+    p.set_defaults(func=_run_length)
+    p = kinds.add_parser(
         "trust",
         help="run with default settings over tasks and seeds: the handed-over prompt against random prompts",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -299,6 +315,30 @@ def _run_long_context(args: argparse.Namespace) -> int:
                              controls=parse_also(args.control, "--control"),
                              say=lambda line: print(line, file=sys.stderr))
     print(json.dumps({"out": args.out, "results": len(table["results"])}))
+    return 0
+
+
+def _run_length(args: argparse.Namespace) -> int:
+    from icl_ssm import atomic
+    from icl_ssm.bench.length import length_markdown, plot_length, run_length
+    from icl_ssm.compress.pretrained import find_pretrained
+
+    compressor = args.compressor
+    if compressor is None:
+        shipped = find_pretrained(args.model, args.task, 50)
+        if shipped is None:
+            raise ValueError(f"no compressor is shipped for --model {args.model} and --task {args.task}; "
+                             "give one with --compressor DIR")
+        compressor = str(shipped / "compressor")
+    if args.subsets < 1 or args.queries < 1:
+        raise ValueError(f"--subsets {args.subsets} / --queries {args.queries}: expected >= 1")
+    result = run_length(args.model, args.task, compressor, args.k, subsets=args.subsets, queries=args.queries,
+                        seed=args.seed, say=lambda line: print(line, file=sys.stderr))
+    out = atomic.prepare_dir(args.out)
+    atomic.write_json(out / "length.json", result)
+    atomic.write_text(out / "length.md", length_markdown(result))
+    plot_length(result, out / "length.png")
+    print(length_markdown(result))
     return 0
 
 
