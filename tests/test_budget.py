@@ -86,6 +86,10 @@ def test_plan_grows_to_the_target_when_affordable_and_is_cut_by_the_budget():
     noise = plan_budget(pilot_subsets=20, pilot_queries=8, pilot_seconds=16.0,
                         reliability=Reliability(-0.1, 0.9), max_queries=32, min_subsets=5, budget_seconds=120)
     assert noise.limited == "unpredictable" and noise.queries <= 32 and noise.estimated_seconds <= 120 + 1e-9
+    spend = plan_budget(pilot_subsets=20, pilot_queries=8, pilot_seconds=16.0, reliability=Reliability(0.9, -0.1),
+                        max_queries=8, min_subsets=5, budget_seconds=3600)  # scores unpredictable: the budget is spent
+    assert spend.limited == "unpredictable" and spend.subsets == 20 + int((3600 - 16.0) // 0.8)
+    assert spend.estimated_seconds == pytest.approx(3600, abs=0.8)
     same = plan_budget(pilot_subsets=20, pilot_queries=8, pilot_seconds=16.0, reliability=Reliability(0.9, 0.9),
                        max_queries=32, min_subsets=5, budget_seconds=120)
     assert same == BudgetPlan(subsets=20, queries=8, estimated_seconds=16.0, limited=None)  # the pilot suffices

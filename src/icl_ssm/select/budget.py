@@ -134,8 +134,8 @@ def plan_budget(*, pilot_subsets: int, pilot_queries: int, pilot_seconds: float,
     affordable = int(max(left, 0.0) // (unit * queries)) if unit > 0 else 10**9
     if queries == pilot_queries:
         affordable += pilot_subsets
-    if subsets is None:
-        subsets = max(base, min(affordable, 10 * base))
+    if subsets is None:  # nothing predicted: what the budget affords (ten times the base for a free evaluator)
+        subsets = max(base, affordable if unit > 0 else 10 * base)
     if subsets > affordable:
         limited = "budget"
         subsets = max(base, affordable)
