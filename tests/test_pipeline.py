@@ -107,10 +107,12 @@ def test_the_fidelity_check_chooses_affinitys_evaluator(data, tmp_path, tmp_cach
     said = "Affinity evaluator: dense, because the compressed caches failed their fidelity check"
     assert (said in (out / "report.md").read_text()) == (gate["verdict"] == "dense")
     # forced: the reason says so, and the compressed-cache stage already run is not redone
-    assert main(run_args(data, out, "--methods", "affinity", "random", "--evaluator", "dense",
+    assert main(run_args(data, out, "--methods", "affinity", "random", "bridge", "--evaluator", "dense",
                          "--no-dense-evaluator")) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["selections"][0]["evaluator"] == "dense"
+    bridge = next(r for r in report["selections"] if r["method"] == "bridge")  # BRIDGE follows the gate too
+    assert bridge["evaluator"] == "dense" and len(bridge["indices"]) == len(report["selections"][0]["indices"])
     assert report["gate"]["reason"].startswith("--evaluator dense was asked for")
     assert "Affinity evaluator: dense, because --evaluator dense was asked for" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--evaluator 'window'; accepted: auto, compressed, dense"):

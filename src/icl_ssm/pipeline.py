@@ -40,7 +40,7 @@ from icl_ssm.select.base import SELECTORS
 from icl_ssm.select.check import check_prompts, hand_over
 from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.evaluators import RELIABILITY_TARGET
-from icl_ssm.select.run import SelectConfig, select_demonstrations, selected_rows
+from icl_ssm.select.run import EVALUATED, SelectConfig, select_demonstrations, selected_rows
 
 DEFAULT_METHODS = ("affinity", "random", "bm25", "topk")
 _RECIPE = DistillConfig()  # the compressor shape distilled when none is shipped: the measured recipe's
@@ -230,7 +230,7 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
                         per_label=cfg.per_label, order=cfg.order, task_options=cfg.task_options,
                         budget=cfg.budget, target_reliability=cfg.target_reliability, test_orders=cfg.test_orders)
     runs = [(m, replace(base, method=m, stratify=cfg.stratify and m == "affinity")) for m in cfg.methods]
-    runs = [(m, replace(s, evaluator=gate["evaluator"]) if m == "affinity" else s) for m, s in runs]
+    runs = [(m, replace(s, evaluator=gate["evaluator"]) if m in EVALUATED else s) for m, s in runs]  # affinity, bridge
     if cfg.dense_evaluator and "affinity" in cfg.methods and gate["evaluator"] == "compressed":
         runs.insert(1, ("affinity-dense", replace(base, method="affinity", evaluator="dense", stratify=cfg.stratify)))
     selections: dict[str, dict] = {}
