@@ -65,3 +65,16 @@ def prepare_dir(path: str | Path, what: str = "--out") -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise ValueError(f"{what} {str(path)!r} is not writable")
     return path
+
+
+def write_result(out: str | Path, stem: str, result: Any, markdown: Callable[[Any], str],
+                 plot: Callable[[Any, Path], None] | None = None) -> str:
+    """``out/<stem>.json``, ``.md`` (``markdown(result)``) and, with ``plot``, ``.png``, each
+    written atomically into the prepared ``out``; returns the markdown."""
+    out = prepare_dir(out)
+    write_json(out / f"{stem}.json", result)
+    text = markdown(result)
+    write_text(out / f"{stem}.md", text)
+    if plot is not None:
+        plot(result, out / f"{stem}.png")
+    return text

@@ -334,11 +334,7 @@ def _run_length(args: argparse.Namespace) -> int:
         raise ValueError(f"--subsets {args.subsets} / --queries {args.queries}: expected >= 1")
     result = run_length(args.model, args.task, compressor, args.k, subsets=args.subsets, queries=args.queries,
                         seed=args.seed, say=lambda line: print(line, file=sys.stderr))
-    out = atomic.prepare_dir(args.out)
-    atomic.write_json(out / "length.json", result)
-    atomic.write_text(out / "length.md", length_markdown(result))
-    plot_length(result, out / "length.png")
-    print(length_markdown(result))
+    print(atomic.write_result(args.out, "length", result, length_markdown, plot_length))
     return 0
 
 

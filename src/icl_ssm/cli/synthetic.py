@@ -44,11 +44,7 @@ def _select(args: argparse.Namespace) -> int:
     result = select_study(args.teacher, args.compressor, ks=args.k, seeds=args.seeds, subsets=args.subsets,
                           queries=args.queries, pool_size=args.pool_size,
                           say=lambda line: print(line, file=sys.stderr, flush=True))
-    out = atomic.prepare_dir(args.out)
-    atomic.write_json(out / "select.json", result)
-    atomic.write_text(out / "select.md", select_markdown(result))
-    plot_select(result, out / "select.png")
-    print(select_markdown(result))
+    print(atomic.write_result(args.out, "select", result, select_markdown, plot_select))
     return 0
 
 

@@ -34,11 +34,10 @@ from icl_ssm.select.estimators import (
     ridge_affinity,
 )
 from icl_ssm.select.evaluators import (
-    CacheEvaluator,
-    PerQueryDenseEvaluator,
     SubsetEvaluator,
     SubsetLosses,
     concat,
+    evaluator_for,
     reliability,
     split_half,
 )
@@ -102,13 +101,7 @@ class AffinitySelector(Selector):
     def from_config(cls, cfg, model, builder, compressor=None, progress=None) -> AffinitySelector:
         """``cfg.evaluator``: ``dense-per-query`` (one full prompt per query), else a
         :class:`CacheEvaluator` of that kind (``compressed`` needs ``compressor``)."""
-        if cfg.evaluator == "dense-per-query":
-            evaluator: SubsetEvaluator = PerQueryDenseEvaluator(model, builder, cfg.loss, cfg.batch,
-                                                                balance_labels=cfg.balance_labels)
-        else:
-            evaluator = CacheEvaluator(model, builder, cfg.evaluator, compressor, loss=cfg.loss, batch=cfg.batch,
-                                       query_batch=cfg.query_batch, balance_labels=cfg.balance_labels,
-                                       pack=cfg.pack)
+        evaluator = evaluator_for(cfg, model, builder, compressor)
         budget = None if cfg.budget is None else 60.0 * cfg.budget  # minutes on the command line
         return cls(evaluator, subsets=cfg.subsets, estimator=cfg.estimator, coverage=cfg.coverage,
                    adaptive=cfg.adaptive, eps=cfg.eps, stratify=cfg.stratify, chunk=cfg.batch, progress=progress,

@@ -33,7 +33,7 @@ from scipy.linalg import cho_factor, cho_solve
 from scipy.special import ndtr
 
 from icl_ssm.select.base import Selection, Selector, check_selection_inputs, register
-from icl_ssm.select.evaluators import CacheEvaluator, PerQueryDenseEvaluator, SubsetEvaluator, concat
+from icl_ssm.select.evaluators import SubsetEvaluator, concat, evaluator_for
 from icl_ssm.select.sampling import balanced_subsets, subsets_for
 
 LENGTH_SCALES = (0.5, 1.0, 2.0, 4.0)  # in units of sqrt(k): the squared distance of two disjoint k-subsets is 2k
@@ -154,14 +154,8 @@ class BridgeSelector(Selector):
     def from_config(cls, cfg, model, builder, compressor=None, progress=None) -> BridgeSelector:
         """``cfg.evaluator`` as affinity reads it: compressed caches (BRIDGE + Algorithm 1), dense ones,
         or one dense prompt per query."""
-        if cfg.evaluator == "dense-per-query":
-            evaluator: SubsetEvaluator = PerQueryDenseEvaluator(model, builder, cfg.loss, cfg.batch,
-                                                                balance_labels=cfg.balance_labels)
-        else:
-            evaluator = CacheEvaluator(model, builder, cfg.evaluator, compressor, loss=cfg.loss, batch=cfg.batch,
-                                       query_batch=cfg.query_batch, balance_labels=cfg.balance_labels,
-                                       pack=cfg.pack)
-        return cls(evaluator, subsets=cfg.subsets, batch=cfg.batch, progress=progress)
+        return cls(evaluator_for(cfg, model, builder, compressor), subsets=cfg.subsets, batch=cfg.batch,
+                   progress=progress)
 
     def plan(self, n: int, k: int) -> int:
         return self.subsets or subsets_for(n, k)

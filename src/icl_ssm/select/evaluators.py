@@ -231,6 +231,17 @@ class PerQueryDenseEvaluator(SubsetEvaluator):
         return SubsetLosses(np.array(losses, dtype=np.float64), total, tokens, per_query_losses, labels)
 
 
+def evaluator_for(cfg, model: PreTrainedModel, builder: PromptBuilder,
+                  compressor: SSMCompressor | None = None) -> SubsetEvaluator:
+    """The subset evaluator a selection config names (``cfg.evaluator``: ``dense-per-query``, one
+    full prompt per query, else a :class:`CacheEvaluator` of that cache, ``compressed`` needing
+    ``compressor``), with its loss, batch sizes, label balance and query packing."""
+    if cfg.evaluator == "dense-per-query":
+        return PerQueryDenseEvaluator(model, builder, cfg.loss, cfg.batch, balance_labels=cfg.balance_labels)
+    return CacheEvaluator(model, builder, cfg.evaluator, compressor, loss=cfg.loss, batch=cfg.batch,
+                          query_batch=cfg.query_batch, balance_labels=cfg.balance_labels, pack=cfg.pack)
+
+
 def concat(*parts: SubsetLosses) -> SubsetLosses:
     """The subsets of ``parts`` in order, costs and tokens summed; per-query losses kept only
     when every part has them."""
