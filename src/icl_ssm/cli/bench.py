@@ -332,6 +332,7 @@ def _run_length(args: argparse.Namespace) -> int:
         compressor = str(shipped / "compressor")
     if args.subsets < 1 or args.queries < 1:
         raise ValueError(f"--subsets {args.subsets} / --queries {args.queries}: expected >= 1")
+    atomic.prepare_dir(args.out)  # a bad --out is refused before the minutes of the run
     result = run_length(args.model, args.task, compressor, args.k, subsets=args.subsets, queries=args.queries,
                         seed=args.seed, say=lambda line: print(line, file=sys.stderr))
     print(atomic.write_result(args.out, "length", result, length_markdown, plot_length))
