@@ -11,6 +11,7 @@ timed without the FLOP counter; FLOPs are counted in a second pass over the firs
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -94,8 +95,6 @@ def run_length(model_name: str, task_name: str, compressor_dir: str, ks: Sequenc
 
 
 def _trained_k(compressor_dir: str) -> int | None:
-    import json
-
     recipe = Path(compressor_dir).parent / "recipe.json"
     config = Path(compressor_dir) / "distill_config.json"
     for path in (recipe, config):

@@ -15,10 +15,11 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from icl_ssm import atomic
-from icl_ssm.compress.compressor import head_dim, kv_heads
+from icl_ssm.compress.compressor import SSMCompressorConfig, head_dim, kv_heads
 from icl_ssm.compress.pretrained import find_pretrained
 from icl_ssm.evaluate.fidelity import BASELINES, FidelityConfig, run_fidelity
 
@@ -28,6 +29,13 @@ PATHS = ("dense", "compressed", "control", "window", "streaming", "lm-infinite")
 def cache_bytes(slots: float, config, element: int = 4) -> float:
     """K/V bytes of a cache of ``slots`` positions on every layer of the model ``config``."""
     return slots * config.num_hidden_layers * 2 * kv_heads(config) * head_dim(config) * element
+
+
+def teacher_shape(compressor_dir: str) -> SimpleNamespace:
+    """The teacher's cache shape as its compressor's saved config records it (no model load)."""
+    c = SSMCompressorConfig.from_pretrained(compressor_dir)
+    return SimpleNamespace(num_hidden_layers=c.teacher_num_layers, num_key_value_heads=c.teacher_num_kv_heads,
+                           head_dim=c.teacher_head_dim)
 
 
 def rows_of(report: dict[str, Any], model_config) -> list[dict[str, Any]]:
@@ -60,12 +68,9 @@ def run_long_context(tasks: Sequence[str], ks: Sequence[int], out: str | Path, *
     """Every (task, k) into ``out/<task>-k<k>.json`` (read back when present), the table into
     ``out/long_context.json``, ``.md`` and ``.png``. ``compressors``: task -> directory; a task
     without one takes the compressor shipped for it at the shot count nearest ``k``."""
-    from icl_ssm.lm.models import load_model
-
     out = atomic.prepare_dir(out)
     compressors, controls = compressors or {}, controls or {}
     results = []
-    model_config = None
     for task in tasks:
         for k in ks:
             path = out / f"{Path(task).stem}-k{k}.json"
@@ -83,9 +88,7 @@ def run_long_context(tasks: Sequence[str], ks: Sequence[int], out: str | Path, *
                               baselines=BASELINES)
                 report = run_fidelity(cfg)
                 atomic.write_json(path, report)
-            if model_config is None:
-                model_config = load_model(base.model)[0].config
-            rows = rows_of(report, model_config)
+            rows = rows_of(report, teacher_shape(report["config"]["compressor"]))
             results.append({"task": report["task"], "k": k, "subsets": report["subsets"], "queries": report["queries"],
                             "compressor": report["config"]["compressor"], "prompt_tokens": report["prompt_tokens_mean"],
                             "rows": rows})
