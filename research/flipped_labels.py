@@ -16,7 +16,7 @@ import numpy as np
 from icl_ssm.compress.compressor import load_compressor
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
-from icl_ssm.lm.models import load_model
+from icl_ssm.lm.models import load_model, resolve_device
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.evaluators import CacheEvaluator
 from icl_ssm.select.probe import flipped_label_probe
@@ -34,17 +34,18 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--queries", type=int, default=16)
     p.add_argument("--pool-size", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="'auto' (the GPU when there is one), 'cpu', 'cuda', ...")
     args = p.parse_args(argv)
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, device=resolve_device(args.device))
     task = get_task(args.task)
     splits = split(task, pool_size=args.pool_size, seed=args.seed)
     builder = PromptBuilder.for_model(model, tokenizer, task)
     evaluators = {"dense": CacheEvaluator(model, builder, "dense"),
                   "compressed": CacheEvaluator(model, builder, "compressed",
-                                               load_compressor(args.compressor, model.config))}
+                                               load_compressor(args.compressor, model.config).to(model.device))}
     if args.control:
         evaluators["control"] = CacheEvaluator(model, builder, "compressed",
-                                               load_compressor(args.control, model.config))
+                                               load_compressor(args.control, model.config).to(model.device))
     subsets = balanced_subsets(len(splits.pool), args.k, args.subsets, np.random.default_rng([args.seed, 21]))
     out = flipped_label_probe(evaluators, splits.pool, splits.validation[: args.queries], task.labels, subsets)
     out.update(model=args.model, task=args.task, k=args.k, compressor=args.compressor, control=args.control)

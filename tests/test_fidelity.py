@@ -460,6 +460,8 @@ def test_fidelity_report_from_logits_equals_streamed_agreement(llama, coin):
                                  logit_agreement(dense.logits, other.logits))
     assert direct == streamed
     assert 0 < direct["rel_logit_err"] and direct["kl"] >= 0
+    z_ref, z = dense.logits.double(), other.logits.double()
+    assert direct["logit_mse"] == pytest.approx(float((z - z_ref).pow(2).mean()), rel=1e-5)
     with pytest.raises(ValueError, match="needs the logits"):
         fidelity_report(dense.without_logits(), other.without_logits())
 

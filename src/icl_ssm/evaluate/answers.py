@@ -90,16 +90,18 @@ class LogitAgreement:
     """Per-(row, query) agreement of answer-position logits with a reference path.
 
     ``rel_err``: (R, Q) ``||z - z_ref||_2 / ||z_ref||_2``; ``kl``: (R, Q)
-    ``KL(softmax(z_ref) || softmax(z))`` in nats; ``top1``: (R, Q) bool, equal argmax.
+    ``KL(softmax(z_ref) || softmax(z))`` in nats; ``top1``: (R, Q) bool, equal argmax; ``mse``:
+    (R, Q) ``mean_v (z_v - z_ref_v)^2``, the output MSE over the vocabulary.
     """
 
     rel_err: Tensor
     kl: Tensor
     top1: Tensor
+    mse: Tensor
 
     @staticmethod
     def cat(parts: Sequence[LogitAgreement]) -> LogitAgreement:
-        return LogitAgreement(*(torch.cat([getattr(p, f) for p in parts]) for f in ("rel_err", "kl", "top1")))
+        return LogitAgreement(*(torch.cat([getattr(p, f) for p in parts]) for f in ("rel_err", "kl", "top1", "mse")))
 
 
 def logit_agreement(z_ref: Tensor, z: Tensor) -> LogitAgreement:
@@ -111,7 +113,8 @@ def logit_agreement(z_ref: Tensor, z: Tensor) -> LogitAgreement:
     logp_ref, logp = z_ref.log_softmax(-1), z.log_softmax(-1)
     kl = (logp_ref.exp() * (logp_ref - logp)).sum(-1).clamp(min=0.0)  # rounding can dip below 0
     top1 = z.argmax(-1) == z_ref.argmax(-1)
-    return LogitAgreement(rel.float(), kl.float(), top1)
+    mse = (z - z_ref).pow(2).mean(-1)
+    return LogitAgreement(rel.float(), kl.float(), top1, mse.float())
 
 
 def _logits_to_keep(model: PreTrainedModel) -> dict[str, int]:

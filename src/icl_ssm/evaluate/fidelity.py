@@ -322,7 +322,7 @@ def fidelity_report(
     """Summary of ``other`` against ``dense`` over the same subsets and queries.
 
     ``agreement``: the per-pair logit comparison, if already computed (streamed); else it is
-    computed from both evaluations' logits. Keys: ``rel_logit_err``, ``kl``, ``top1_agree``,
+    computed from both evaluations' logits. Keys: ``rel_logit_err``, ``kl``, ``logit_mse``, ``top1_agree``,
     ``label_agree`` (same predicted label; None for generative tasks), ``acc_dense``,
     ``acc_compressed``, ``subset_loss_spearman`` (with ``subset_loss_spearman_ci95``, a
     bootstrap interval over subsets, and ``subset_loss_spearman_ci95_queries``, over subsets
@@ -351,6 +351,7 @@ def fidelity_report(
     out = {
         "rel_logit_err": finite_or_none(agreement.rel_err.mean()),
         "kl": finite_or_none(agreement.kl.mean()),
+        "logit_mse": finite_or_none(agreement.mse.mean()),
         "top1_agree": finite_or_none(agreement.top1.float().mean()),
         "label_agree": finite_or_none((dense.pred == other.pred).float().mean()) if (dense.pred >= 0).all() else None,
         "acc_dense": finite_or_none(dense.correct.mean()),
@@ -383,7 +384,7 @@ def fidelity_report(
 BASELINES = ("streaming", "lm-infinite")  # long-context methods measured beside the compressor (cache_paths)
 
 _OTHER_KEYS = {
-    "rel_logit_err": "rel_logit_err", "kl": "kl", "top1_agree": "top1_agree", "label_agree": "label_agree",
+    "rel_logit_err": "rel_logit_err", "kl": "kl", "logit_mse": "logit_mse", "top1_agree": "top1_agree", "label_agree": "label_agree",
     "acc_compressed": "acc", "subset_loss_spearman": "subset_loss_spearman",
     "subset_loss_spearman_ci95": "subset_loss_spearman_ci95",
     "subset_loss_spearman_ci95_queries": "subset_loss_spearman_ci95_queries",
