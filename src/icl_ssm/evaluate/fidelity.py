@@ -384,7 +384,8 @@ def fidelity_report(
 BASELINES = ("streaming", "lm-infinite")  # long-context methods measured beside the compressor (cache_paths)
 
 _OTHER_KEYS = {
-    "rel_logit_err": "rel_logit_err", "kl": "kl", "logit_mse": "logit_mse", "top1_agree": "top1_agree", "label_agree": "label_agree",
+    "rel_logit_err": "rel_logit_err", "kl": "kl", "logit_mse": "logit_mse", "top1_agree": "top1_agree",
+    "label_agree": "label_agree",
     "acc_compressed": "acc", "subset_loss_spearman": "subset_loss_spearman",
     "subset_loss_spearman_ci95": "subset_loss_spearman_ci95",
     "subset_loss_spearman_ci95_queries": "subset_loss_spearman_ci95_queries",
