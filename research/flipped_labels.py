@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                load_compressor(args.control, model.config).to(model.device))
     subsets = balanced_subsets(len(splits.pool), args.k, args.subsets, np.random.default_rng([args.seed, 21]))
     out = flipped_label_probe(evaluators, splits.pool, splits.validation[: args.queries], task.labels, subsets)
-    out.update(model=args.model, task=args.task, k=args.k, compressor=args.compressor, control=args.control)
+    out.update(model=args.model, task=args.task, k=args.k, compressor_dir=args.compressor, control_dir=args.control)
     print(json.dumps(out, indent=1))
     return out
 

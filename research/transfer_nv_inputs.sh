@@ -17,7 +17,7 @@
 #
 # Environment: ICL (default: icl-ssm), PYTHON (default: python3), MODEL (default: smollm2-135m),
 # SAMPLES (training episodes, default 128), SUBSETS and QUERIES (fidelity, default 30 x 32),
-# TASKS (default: rotten_tomatoes cr coin_flip edge_existence), NV (default: 4 16 64), LAYERS
+# TASKS (default: rotten_tomatoes cr coin_flip modular_addition), NV (default: 4 16 64), LAYERS
 # (default: 1 2 8), JOBS (runs at once in each of the two pipelines, default 8), KLO and KHI (the two k, default 20, 50). Each run's wall time goes to
 # OUT/times.tsv; finished runs are skipped on a rerun. Every step is a background job bounded by
 # JOBS, so on one GPU the small teacher leaves room for many at once.
@@ -29,7 +29,7 @@ ICL=${ICL:-icl-ssm}
 PYTHON=${PYTHON:-python3}
 MODEL=${MODEL:-smollm2-135m}
 SAMPLES=${SAMPLES:-128}
-TASKS=${TASKS:-rotten_tomatoes cr coin_flip edge_existence}
+TASKS=${TASKS:-rotten_tomatoes cr coin_flip modular_addition}
 NV=${NV:-4 16 64}
 LAYERS=${LAYERS:-1 2 8}
 JOBS=${JOBS:-8}
@@ -79,7 +79,7 @@ $PYTHON -c "from icl_ssm.lm.models import load_model; load_model('$MODEL')" || e
 # within each, the teacher caches come first (each is read by several trainings, so none may be
 # built twice), then the trainings from scratch, then (KLO) the transfers, then the fidelity runs.
 low() {
-  for t in $( { has transfer && echo $TASKS; } || { has inputs && echo $TWO; } ); do teacher --task "$t" --k $KLO & done
+  for t in $( { has transfer && echo $TASKS; } || { has inputs && echo $TWO; } ); do throttle; teacher --task "$t" --k $KLO & done
   wait
   for t in $( { has transfer && echo $TASKS; } || { has inputs && echo $TWO; } ); do
     throttle; train "native-$t" --task "$t" --k $KLO &
@@ -129,7 +129,7 @@ low() {
 high() {
   { has nv || has inputs; } || return 0
   local nvs=16; has nv && nvs=$NV
-  for t in $TWO; do for nv in $nvs; do teacher --task "$t" --k $KHI --num-virtual "$nv" & done; done
+  for t in $TWO; do for nv in $nvs; do throttle; teacher --task "$t" --k $KHI --num-virtual "$nv" & done; done
   wait
   for t in $TWO; do
     throttle; train "control-$t-k$KHI" --task "$t" --k $KHI --control &
