@@ -17,10 +17,12 @@
 #
 # Environment: ICL (default: icl-ssm), PYTHON (default: python3), MODEL (default: smollm2-135m),
 # SAMPLES (training episodes, default 128), SUBSETS and QUERIES (fidelity, default 30 x 32),
-# TASKS (default: rotten_tomatoes cr coin_flip modular_addition), NV (default: 4 16 64), LAYERS
-# (default: 1 2 8), JOBS (runs at once in each of the two pipelines, default 8), KLO and KHI (the two k, default 20, 50). Each run's wall time goes to
-# OUT/times.tsv; finished runs are skipped on a rerun. Every step is a background job bounded by
-# JOBS, so on one GPU the small teacher leaves room for many at once.
+# TASKS (default: rotten_tomatoes cr coin_flip modular_addition), HUB (a task: transfers only to
+# and from it, 2(n-1) runs instead of n(n-1)), NV (default: 4 16 64), LAYERS (default: 1 2 8),
+# JOBS (runs at once in each of the two pipelines, default 8), KLO and KHI (the two k, default
+# 20 and 50). Each run's wall time goes to OUT/times.tsv; finished runs are skipped on a rerun.
+# Every step is a background job bounded by JOBS, so on one GPU the small teacher leaves room for
+# many at once.
 set -uo pipefail
 OUT=${1:?usage: research/transfer_nv_inputs.sh OUT [transfer|nv|inputs ...]}
 shift
@@ -32,6 +34,7 @@ SAMPLES=${SAMPLES:-128}
 TASKS=${TASKS:-rotten_tomatoes cr coin_flip modular_addition}
 NV=${NV:-4 16 64}
 LAYERS=${LAYERS:-1 2 8}
+HUB=${HUB:-}
 JOBS=${JOBS:-8}
 KLO=${KLO:-20}  # the two prompt sizes (smaller ones for a smoke run on a tiny model)
 KHI=${KHI:-50}
@@ -93,6 +96,7 @@ low() {
   if has transfer; then
     for s in $TASKS; do for t in $TASKS; do
       [ "$s" = "$t" ] && continue
+      [ -n "$HUB" ] && [ "$s" != "$HUB" ] && [ "$t" != "$HUB" ] && continue
       # a transfer starts once its source is trained
       until [ -f "$OUT/native-$s/model.safetensors" ] || ! jobs -rp | grep -q .; do sleep 2; done
       throttle; train "xfer-$s-to-$t" --task "$t" --k $KLO --init-from "$OUT/native-$s" &
