@@ -5,7 +5,7 @@ many prefixes (subsets) against many queries."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import Tensor
@@ -101,7 +101,7 @@ class LogitAgreement:
 
     @staticmethod
     def cat(parts: Sequence[LogitAgreement]) -> LogitAgreement:
-        return LogitAgreement(*(torch.cat([getattr(p, f) for p in parts]) for f in ("rel_err", "kl", "top1", "mse")))
+        return LogitAgreement(*(torch.cat([getattr(p, f.name) for p in parts]) for f in fields(LogitAgreement)))
 
 
 def logit_agreement(z_ref: Tensor, z: Tensor) -> LogitAgreement:

@@ -322,8 +322,9 @@ def fidelity_report(
     """Summary of ``other`` against ``dense`` over the same subsets and queries.
 
     ``agreement``: the per-pair logit comparison, if already computed (streamed); else it is
-    computed from both evaluations' logits. Keys: ``rel_logit_err``, ``kl``, ``logit_mse``, ``top1_agree``,
-    ``label_agree`` (same predicted label; None for generative tasks), ``acc_dense``,
+    computed from both evaluations' logits. Keys: ``rel_logit_err``, ``kl``, ``logit_mse`` (the
+    output MSE over the vocabulary), ``top1_agree``, ``label_agree`` (same predicted label; None
+    for generative tasks), ``acc_dense``,
     ``acc_compressed``, ``subset_loss_spearman`` (with ``subset_loss_spearman_ci95``, a
     bootstrap interval over subsets, and ``subset_loss_spearman_ci95_queries``, over subsets
     and queries: the wider and more honest one), ``subset_loss_pearson`` (None when a side is
