@@ -66,13 +66,14 @@ train() {  # NAME flags...
 pick() {  # NAME=DIR...: those whose compressor finished (a failed run leaves the others' report)
   local a; for a in "$@"; do [ -f "${a#*=}/model.safetensors" ] && echo "$a"; done
 }
-fidelity() {  # REPORT flags...: the JSON report, written whole or not at all
+into() {  # FILE cmd...: the command's output written to FILE whole or not at all
+  local file=$1; shift
+  "$@" > "$file.tmp" && mv "$file.tmp" "$file"
+}
+fidelity() {  # REPORT flags...
   local report=$1; shift
   [ -f "$OUT/$report" ] && return 0
-  local t0; t0=$(date +%s.%N)
-  $ICL fidelity $FID "$@" > "$OUT/$report.tmp" 2> "$OUT/$report.log" && mv "$OUT/$report.tmp" "$OUT/$report"
-  local rc=$?
-  echo -e "$report\t$(awk -v a="$t0" -v b="$(date +%s.%N)" "BEGIN{print b-a}")\t$rc" >> "$OUT/times.tsv"
+  timed "$report" into "$OUT/$report" $ICL fidelity $FID "$@"
 }
 
 # the teacher model is converted (GGUF) or built once, before anything runs beside it
@@ -123,9 +124,8 @@ low() {
     for name in native-rotten_tomatoes $(for l in $LAYERS; do echo "layer$l-rotten_tomatoes-k$KLO"; done); do
       [ -f "$OUT/flipped-$name.json" ] && continue
       throttle
-      { $PYTHON "$here/flipped_labels.py" --model "$MODEL" --k $KLO $FLIP --compressor "$OUT/$name" \
-          --control "$OUT/control-rotten_tomatoes-k$KLO" > "$OUT/flipped-$name.tmp" 2> "$OUT/flipped-$name.log" &&
-        mv "$OUT/flipped-$name.tmp" "$OUT/flipped-$name.json"; } &
+      timed "flipped-$name" into "$OUT/flipped-$name.json" $PYTHON "$here/flipped_labels.py" --model "$MODEL" \
+        --k $KLO $FLIP --compressor "$OUT/$name" --control "$OUT/control-rotten_tomatoes-k$KLO" &
     done
   fi
   wait
