@@ -14,7 +14,39 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+
+def _cpu_attention() -> dict:
+    """Flop formulas for the CPU kernels of ``scaled_dot_product_attention``.
+
+    ``FlopCounterMode`` registers SDPA's CUDA kernels (flash, memory-efficient, cuDNN) but not
+    ``_scaled_dot_product_flash_attention_for_cpu``, so on the CPU it counts attention as zero.
+    The CPU kernel gets the CUDA kernels' formula (GQA-aware, causal masks counted in full), so a
+    count does not depend on the device it was taken on."""
+
+    def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:  # shapes, not tensors
+        return sdpa_flop_count(query, key, value)
+
+    def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_backward_flop_count(grad_out, query, key, value)
+
+    aten = torch.ops.aten
+    mapping = {}
+    for name, formula in (("_scaled_dot_product_flash_attention_for_cpu", forward),
+                          ("_scaled_dot_product_flash_attention_for_cpu_backward", backward)):
+        op = getattr(aten, name, None)
+        if op is not None and op not in flop_registry:
+            mapping[op] = formula
+    return mapping
+
+
+CPU_ATTENTION = _cpu_attention()
+
+
+def flop_counter() -> FlopCounterMode:
+    """A silent ``FlopCounterMode`` that also counts attention on the CPU (:data:`CPU_ATTENTION`)."""
+    return FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION)
 
 
 @dataclass
@@ -36,14 +68,15 @@ def measure(device: torch.device | str | None = None, count_flops: bool = True) 
     """``with measure() as cost: ...`` fills ``cost`` when the block ends.
 
     FLOPs count matrix multiplications and attention as ``FlopCounterMode`` does (2 per
-    multiply-add); elementwise work is not counted.
+    multiply-add), attention also on the CPU (:func:`flop_counter`); elementwise work is not
+    counted.
     """
     cost = Cost()
     cuda = device is not None and torch.device(device).type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    counter = FlopCounterMode(display=False) if count_flops else None
+    counter = flop_counter() if count_flops else None
     t0 = time.perf_counter()
     try:
         if counter is not None:

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
+from icl_ssm.cost import flop_counter
 from icl_ssm.ssm import hippo
 from icl_ssm.ssm import scan as S
 
@@ -71,7 +71,7 @@ def time_interleaved(fns: tuple[Callable[[], object], ...], repeats: int) -> lis
 
 
 def count_flops(fn: Callable[[], object]) -> tuple[int, object]:
-    with FlopCounterMode(display=False) as counter:
+    with flop_counter() as counter:
         out = fn()
     return counter.get_total_flops(), out
 
