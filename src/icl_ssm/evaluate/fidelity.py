@@ -115,7 +115,8 @@ class DenseStore:
 
     A row's file is named by a hash of its prompt tokens and of everything else its answers
     depend on: the model's config and :func:`weights_digest`, its dtype and device type, every
-    query's tokens and gold answer, the answer lead, the labels and the loss. A run on the same
+    query's tokens and gold answer, the answer lead, the labels and the loss, and the way FLOPs
+    are counted (the stored cost must match a fresh one's). A run on the same
     queries reads every row it finds and computes only the rest (the prefill over ``k``
     demonstrations is most of a fidelity run's time); a killed run keeps the rows it finished.
     Nothing is ever reused for different inputs: those have another name. Each file is
@@ -131,6 +132,7 @@ class DenseStore:
             "queries": [[builder.build_suffix(q).input_ids, str(q.target)] for q in queries],
             "lead": builder.answer_lead(queries),
             "labels": builder.label_ids() if task.kind == "classification" else None,
+            "flops": "attention counted",  # rows stored before the CPU counted attention carry other FLOPs
         }
         for volatile in ("_name_or_path", "transformers_version"):
             blob["config"].pop(volatile, None)
