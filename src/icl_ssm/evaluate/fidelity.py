@@ -49,7 +49,7 @@ from icl_ssm.compress.cache import (
     window_cache,
 )
 from icl_ssm.compress.compressor import SSMCompressor, load_compressor
-from icl_ssm.cost import Cost, measure
+from icl_ssm.cost import CPU_ATTENTION, Cost, measure
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import Example, get_task
 from icl_ssm.evaluate.answers import (
@@ -132,7 +132,8 @@ class DenseStore:
             "queries": [[builder.build_suffix(q).input_ids, str(q.target)] for q in queries],
             "lead": builder.answer_lead(queries),
             "labels": builder.label_ids() if task.kind == "classification" else None,
-            "flops": "attention counted",  # rows stored before the CPU counted attention carry other FLOPs
+            # the FLOP formulas added to torch's (a stored row's cost must match a fresh count)
+            "flops": sorted(op.__name__ for op in CPU_ATTENTION),
         }
         for volatile in ("_name_or_path", "transformers_version"):
             blob["config"].pop(volatile, None)
