@@ -19,7 +19,7 @@ from icl_ssm.data.tasks import get_task
 from icl_ssm.lm.models import load_model, resolve_device
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.evaluators import CacheEvaluator
-from icl_ssm.select.probe import flipped_label_probe
+from icl_ssm.select.probe import flipped_label_probe, state_separability
 from icl_ssm.select.sampling import balanced_subsets
 
 
@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--queries", type=int, default=16)
     p.add_argument("--pool-size", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--state-subsets", type=int, default=256,
+                   help="prompts whose SSM states a linear read-out tries to tell from their flipped copies")
     p.add_argument("--device", default="auto", help="'auto' (the GPU when there is one), 'cpu', 'cuda', ...")
     args = p.parse_args(argv)
     model, tokenizer = load_model(args.model, device=resolve_device(args.device))
@@ -48,6 +50,9 @@ def main(argv: list[str] | None = None) -> dict:
                                                load_compressor(args.control, model.config).to(model.device))
     subsets = balanced_subsets(len(splits.pool), args.k, args.subsets, np.random.default_rng([args.seed, 21]))
     out = flipped_label_probe(evaluators, splits.pool, splits.validation[: args.queries], task.labels, subsets)
+    compressor = evaluators["compressed"].compressor
+    more = balanced_subsets(len(splits.pool), args.k, args.state_subsets, np.random.default_rng([args.seed, 22]))
+    out["state_separability"] = state_separability(model, compressor, builder, splits.pool, task.labels, more)
     out.update(model=args.model, task=args.task, k=args.k, compressor_dir=args.compressor, control_dir=args.control)
     print(json.dumps(out, indent=1))
     return out

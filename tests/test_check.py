@@ -155,3 +155,30 @@ def test_a_pick_above_the_median_by_less_than_the_check_can_tell_is_warned_about
                                "examples, but by less than they can tell (+0.020 [-0.080, +0.120])")
     check["handed_over"]["shown_better"] = True
     assert not check_lines({"check": check})[0].startswith("Warning")
+
+
+def test_state_separability_reads_the_states_of_prompts_and_their_flipped_copies():
+    """A constant state (the control's) cannot tell a prompt from its label-flipped copy: the
+    read-out is at chance, exactly. A compressor's states are one row per subset."""
+    import torch
+
+    from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
+    from icl_ssm.select.probe import flipped, prompt_states, state_separability
+    from icl_ssm.select.sampling import balanced_subsets
+
+    model, tokenizer = tiny_model("llama").eval(), tiny_tokenizer()
+    task = get_task("rotten_tomatoes")
+    splits = split(task, pool_size=40, seed=0)
+    builder = PromptBuilder.for_model(model, tokenizer, task)
+    subsets = balanced_subsets(len(splits.pool), 4, 32, np.random.default_rng(0))
+    shape = dict(state_size=16, channels=8, num_virtual=2, num_sink=1, latent_size=8, num_recent=0)
+    torch.manual_seed(0)
+    pairs = SSMCompressor(SSMCompressorConfig.for_teacher(model.config, pair_size=16, pair_window=8, **shape)).eval()
+    states = prompt_states(model, pairs, builder, splits.pool, subsets)
+    assert states.shape == (32, pairs.config.num_groups * 16) and np.isfinite(states).all()
+    other = prompt_states(model, pairs, builder, flipped(splits.pool, task.labels), subsets)
+    assert np.abs(states - other).max() > 0
+    got = state_separability(model, pairs, builder, splits.pool, task.labels, subsets)
+    assert 0 <= got["accuracy"] <= 1 and got["pairs"] == 32
+    control = SSMCompressor(SSMCompressorConfig.for_teacher(model.config, control=True, **shape)).eval()
+    assert state_separability(model, control, builder, splits.pool, task.labels, subsets)["accuracy"] == 0.5

@@ -925,3 +925,18 @@ def test_bench_length_measures_error_in_the_context_and_only_the_compressed_cach
     assert main(["bench", "length", "--model", "tiny-llama", "--task", files["data"], "--compressor", files["comp"],
                  "--k", "500", "--out", str(out)]) != 0
     assert "--k 500: the pool of task" in capsys.readouterr().err
+
+
+def test_paired_separability_reads_a_linear_difference_and_not_noise():
+    from icl_ssm.evaluate.stats import paired_separability
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(96, 12))
+    shifted = base + rng.normal(size=(96, 12)) * 0.1
+    shifted[:, 3] += 4.0  # one direction tells the two sets apart
+    got = paired_separability(base, shifted)
+    assert got["accuracy"] > 0.9 and got["pairs"] == 96 and got["ci95"][0] > 0.8
+    same = paired_separability(base, rng.normal(size=(96, 12)))
+    assert 0.3 < same["accuracy"] < 0.7 and same["ci95"][0] < 0.5 < same["ci95"][1]
+    with pytest.raises(ValueError, match=r"must be the same \(n, D\) with n >= 2 \* folds = 16"):
+        paired_separability(base[:10], shifted[:10])

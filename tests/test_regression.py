@@ -382,7 +382,9 @@ def test_the_synthetic_command_runs_the_study_on_tiny_settings(tmp_path, capsys)
                  "--hidden-size", "32", "--steps", "20", "--batch", "8"]) == 0
     shape = ["--state-size", "8", "--num-virtual", "2", "--num-sink", "2", "--latent-size", "8"]
     assert main(["synthetic", "distill", "--teacher", teacher, "--out", comp, "--k", "4", "--samples", "8",
-                 *shape]) == 0
+                 "--pair-size", "3", "--pair-window", "2", *shape]) == 0
+    saved = json.loads((tmp_path / "comp" / "config.json").read_text())
+    assert (saved["pair_size"], saved["pair_window"]) == (3, 2)
     assert main(["synthetic", "distill", "--teacher", teacher, "--out", comp + "-c", "--k", "4", "--samples", "8",
                  "--control", "--ssm-input", "layer:1", *shape]) == 0
     capsys.readouterr()
@@ -403,3 +405,4 @@ def test_the_synthetic_command_runs_the_study_on_tiny_settings(tmp_path, capsys)
     assert main(["synthetic", "probe", "--teacher", teacher, "--compressor", comp, "--k", "4", "--pairs", "6"]) == 0
     probe = json.loads(capsys.readouterr().out)
     assert 0 <= probe["compressed"]["higher_share"] <= 1 and probe["dense"]["flipped"] > 0
+    assert 0 <= probe["state_separability"]["accuracy"] <= 1 and probe["state_separability"]["pairs"] == 24

@@ -70,3 +70,71 @@ def test_channels_must_divide_the_state(channels):
         HiPPOSSM(16, 4, 1, channels=channels)
     with pytest.raises(ValueError, match="channels must be a positive divisor"):
         SSMCompressorConfig(state_size=16, channels=channels)
+
+
+def test_shift_products_match_the_loop_over_positions_and_lags():
+    from icl_ssm.ssm.products import ShiftProducts, shift_products_reference
+
+    torch.manual_seed(0)
+    module = ShiftProducts(6, 5, window=3).double()
+    with torch.no_grad():
+        module.taps.normal_()
+    x = torch.randn(2, 9, 6, dtype=torch.float64)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, 6:] = False
+    for m in (None, mask):
+        torch.testing.assert_close(module(x, m), shift_products_reference(module, x, m))
+    out = module(x, mask)
+    assert out.shape == (2, 9, 5) and out[:, 0].abs().max() == 0  # nothing before the first token
+    changed = x.clone()
+    changed[:, 4] += torch.randn(6, dtype=torch.float64)  # a token moves only its own products and those of the 3 tokens after it
+    diff = (module(changed, mask) - out).abs().amax(-1)
+    assert diff[:, :4].max() == 0 and diff[:, 8].max() == 0 and (diff[0, 4:8] > 1e-6).all()
+
+
+def test_shift_products_start_as_the_product_with_the_previous_token():
+    """The untrained filter is a shift by one: at a label token, the product of the label with
+    its input, whose sign flips with the label; a state of the embeddings alone holds no such
+    term."""
+    from icl_ssm.ssm.products import ShiftProducts
+
+    module = ShiftProducts(4, 3, window=2).double()
+    x = torch.randn(1, 5, 4, dtype=torch.float64)
+    k, v = module.project(x, None)
+    torch.testing.assert_close(module(x)[:, 1:], k[:, :-1] * v[:, 1:])
+    with pytest.raises(ValueError, match="window must be a positive integer, got 0"):
+        ShiftProducts(4, 3, window=0)
+
+
+def test_a_compressor_with_products_scans_them_and_trains_them():
+    from icl_ssm.compress.compressor import SSMCompressor, load_compressor
+
+    shape = dict(teacher_num_layers=2, num_groups=2, teacher_hidden_size=8, state_size=8, num_virtual=2,
+                 num_sink=1, latent_size=4)
+    comp = SSMCompressor(SSMCompressorConfig(pair_size=3, pair_window=2, **shape))
+    assert comp.ssm.Bbar.shape == (2, 8, 8 + 3)
+    x = torch.randn(2, 7, 8)
+    comp(x).values.sum().backward()
+    assert comp.products.taps.grad is not None and comp.products.key.weight.grad.abs().sum() > 0
+    plain = SSMCompressor(SSMCompressorConfig(**shape))
+    assert not hasattr(plain, "products") and plain.ssm.Bbar.shape == (2, 8, 8)
+    with pytest.raises(ValueError, match="pair_window must be a positive integer, got 0"):
+        SSMCompressorConfig(pair_size=3, pair_window=0, **shape)
+    with pytest.raises(ValueError, match="pair_size must be >= 0, got -1"):
+        SSMCompressorConfig(pair_size=-1, **shape)
+
+
+def test_a_saved_compressor_keeps_its_products(tmp_path):
+    from icl_ssm.compress.compressor import SSMCompressor, load_compressor
+
+    config = SSMCompressorConfig(teacher_num_layers=2, num_groups=2, teacher_hidden_size=8, state_size=8,
+                                 num_virtual=2, num_sink=1, latent_size=4, pair_size=3, pair_window=2)
+    comp = SSMCompressor(config).eval()
+    with torch.no_grad():
+        comp.products.taps.normal_()
+    comp.save_pretrained(tmp_path)
+    back = load_compressor(tmp_path)
+    x = torch.randn(1, 6, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x).keys, comp(x).keys)
+    assert back.config.pair_window == 2

@@ -33,8 +33,9 @@ from icl_ssm.compress.compressor import SSMCompressor, load_compressor
 from icl_ssm.data.regression import RegressionTask
 from icl_ssm.distill.regression import regression_targets
 from icl_ssm.distill.train import DistillConfig, train
-from icl_ssm.evaluate.stats import interval, paired_spearman, spearman, spearman_ci
-from icl_ssm.lm.regression import RegressionTeacher, load_teacher
+from icl_ssm.compress.cache import summary_inputs
+from icl_ssm.evaluate.stats import interval, paired_separability, paired_spearman, spearman, spearman_ci
+from icl_ssm.lm.regression import RegressionTeacher, load_teacher, prompt_values
 from icl_ssm.select.affinity import AffinitySelector
 from icl_ssm.select.estimators import mean_affinity
 from icl_ssm.select.regression import RegressionEvaluator, nearest_prompts, split_examples, test_errors
@@ -211,6 +212,11 @@ def flipped_probe(teacher_dir: str | Path, compressor_dir: str | Path, *, k: int
     broken = replace(split, pool_y=flipped_y.astype(np.float32))
     subs = balanced_subsets(pool_size, k, pairs, np.random.default_rng([seed, 15]))
     out: dict[str, Any] = {"k": k, "pairs": pairs, "queries": queries}
+    if compressor is not None and not compressor.config.control:
+        # is the input-target relation in the SSM state at all? (a linear read-out of it)
+        more = balanced_subsets(pool_size, k, 4 * pairs, np.random.default_rng([seed, 16]))
+        out["state_separability"] = paired_separability(*(_states(teacher, compressor, s, more)
+                                                          for s in (split, broken)))
     for name, comp in (("dense", None), ("compressed", compressor)):
         cache = "dense" if comp is None else "compressed"
         right = RegressionEvaluator(teacher, split, cache, comp).evaluate(*split_examples(split)[:2], subs).losses
@@ -220,6 +226,15 @@ def flipped_probe(teacher_dir: str | Path, compressor_dir: str | Path, *, k: int
         out[name] = {"right": float(right.mean()), "flipped": float(wrong.mean()), "diff": float(diff.mean()),
                      "ci95": list(interval(draws)), "higher_share": float((diff > 0).mean())}
     return out
+
+
+@torch.no_grad()
+def _states(teacher: RegressionTeacher, compressor: SSMCompressor, split, subsets: Sequence[Sequence[int]]) -> np.ndarray:
+    """The SSM's final states ``(len(subsets), G * N)`` of the prompts of ``subsets`` of the pool."""
+    index = np.asarray(subsets)
+    values = prompt_values(split.pool_x[index], split.pool_y[index])
+    embeds, mask = summary_inputs(teacher, compressor, values)
+    return compressor.states(embeds.to(compressor.dtype), mask).flatten(1).double().numpy()
 
 
 def select_markdown(result: dict) -> str:

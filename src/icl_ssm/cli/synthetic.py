@@ -29,8 +29,8 @@ def _distill(args: argparse.Namespace) -> int:
     from icl_ssm.synthetic import distill_synthetic
 
     overrides = {"ssm_input": args.ssm_input}
-    for name in ("state_size", "num_virtual", "num_sink", "num_recent", "latent_size", "stage1_epochs",
-                 "stage2_epochs"):
+    for name in ("state_size", "channels", "num_virtual", "num_sink", "num_recent", "latent_size", "pair_size",
+                 "pair_window", "stage1_epochs", "stage2_epochs"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     print(distill_synthetic(args.teacher, args.out, k=args.k, samples=args.samples, seed=args.seed,
@@ -91,8 +91,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=int, default=2048, help="training prompts")
     p.add_argument("--ssm-input", default="embeddings", help="embeddings or layer:l")
     p.add_argument("--control", action="store_true", help="the prompt-independent control")
-    for name in ("state_size", "num_virtual", "num_sink", "num_recent", "latent_size"):
+    for name in ("state_size", "channels", "num_virtual", "num_sink", "num_recent", "latent_size"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None, help="default: the synthetic recipe")
+    p.add_argument("--pair-size", type=int, default=None,
+                   help="products of each token with the tokens before it that the SSM also scans (0: none)")
+    p.add_argument("--pair-window", type=int, default=None, help="how many tokens back those products reach")
     for name in ("stage1_epochs", "stage2_epochs"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=None, help="default: the synthetic recipe")
     p.add_argument("--seed", type=int, default=0)

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
 from icl_ssm.ssm.layer import SYSTEMS, HiPPOSSM, check_channels, check_learn_dt
+from icl_ssm.ssm.products import ShiftProducts
 
 POSITIONS = ("compressed", "original")
 
@@ -55,6 +56,11 @@ class SSMCompressorConfig(PreTrainedConfig):
     long prompt moves little from one prompt to the next (about 1% at k = 50 with 256
     channels); the head then sees those differences at unit scale rather than as a ripple on
     what every prompt shares.
+
+    ``pair_size`` = P > 0 makes the SSM scan, beside what ``ssm_input`` names, P products of each
+    token with a learned causal filter of the ``pair_window`` tokens before it
+    (:class:`~icl_ssm.ssm.products.ShiftProducts`, H3's multiplicative input): a linear state
+    can then sum interactions of neighbouring tokens, such as a label with its text.
 
     ``gate`` adds a learned bias per virtual token to every attention logit that reads it
     (``gate_init`` at the start). A strongly negative start makes the virtual tokens all but
@@ -89,6 +95,8 @@ class SSMCompressorConfig(PreTrainedConfig):
     gate: bool = False
     gate_init: float = -6.0
     ssm_input: str = "embeddings"  # what the SSM scans: the token embeddings or "layer:l", the states after l layers
+    pair_size: int = 0  # > 0: the SSM also scans this many products of each token with those before it
+    pair_window: int = 1  # how many tokens back those products reach
     initializer_range: float = 0.02
 
     def __post_init__(self, **kwargs):
@@ -100,7 +108,7 @@ class SSMCompressorConfig(PreTrainedConfig):
                 raise ValueError(f"{name} must be a positive integer, got {value}")
         if self.teacher_vocab_size < 0:  # 0: a teacher that reads value vectors, not token ids
             raise ValueError(f"teacher_vocab_size must be >= 0, got {self.teacher_vocab_size}")
-        for name in ("num_sink", "num_recent"):
+        for name in ("num_sink", "num_recent", "pair_size"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.num_groups > self.teacher_num_layers:
@@ -116,6 +124,8 @@ class SSMCompressorConfig(PreTrainedConfig):
         check_learn_dt(self.learn_dt, self.system)
         check_channels(self.channels, self.state_size)
         self.input_layer  # noqa: B018 - validates ssm_input
+        if self.pair_window <= 0:
+            raise ValueError(f"pair_window must be a positive integer, got {self.pair_window}")
         if not math.isfinite(self.gate_init):
             raise ValueError(f"gate_init must be a finite number, got {self.gate_init}")
 
@@ -205,8 +215,10 @@ class SSMCompressor(PreTrainedModel):
         c = config
         G, N, V, R = c.num_groups, c.state_size, c.num_virtual, c.latent_size
         m, Hkv, d = c.teacher_num_layers, c.teacher_num_kv_heads, c.teacher_head_dim
-        self.ssm = HiPPOSSM(N, c.teacher_hidden_size, G, c.system, c.dt, c.method, learn_dt=c.learn_dt,
-                            channels=c.channels)
+        if c.pair_size:
+            self.products = ShiftProducts(c.teacher_hidden_size, c.pair_size, c.pair_window)
+        self.ssm = HiPPOSSM(N, c.teacher_hidden_size + c.pair_size, G, c.system, c.dt, c.method,
+                            learn_dt=c.learn_dt, channels=c.channels)
         self.constant = nn.Parameter(torch.zeros(G, N))  # the control's "state"
         self.state_scale = nn.Parameter(torch.ones(G, N))
         self.state_shift = nn.Parameter(torch.zeros(G, N))
@@ -233,10 +245,13 @@ class SSMCompressor(PreTrainedModel):
         nn.init.normal_(self.to_kv, std=1 / math.sqrt(self.config.latent_size))
 
     def states(self, inputs_embeds: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """SSM final states ``(B, G, N)``; the control's learned constant when ``control``."""
+        """SSM final states ``(B, G, N)`` of ``inputs_embeds: (B, T, H)`` (with ``pair_size``, of
+        them and their :class:`ShiftProducts`); the control's learned constant when ``control``."""
         B = inputs_embeds.shape[0]
         if self.config.control:
             return self.constant[None].expand(B, -1, -1).to(inputs_embeds.dtype)
+        if self.config.pair_size:
+            inputs_embeds = torch.cat([inputs_embeds, self.products(inputs_embeds, attention_mask)], dim=-1)
         return self.ssm(inputs_embeds, attention_mask)
 
     def head(self, states: Tensor) -> VirtualKV:

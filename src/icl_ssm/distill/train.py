@@ -43,7 +43,7 @@ from icl_ssm.ssm.layer import check_learn_dt
 
 COMPRESSOR_FIELDS = ("state_size", "channels", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size",
                      "system", "dt", "learn_dt", "method", "control", "standardize", "position", "gate", "gate_init",
-                     "ssm_input")
+                     "ssm_input", "pair_size", "pair_window")
 
 
 @dataclass
@@ -86,6 +86,8 @@ class DistillConfig:
     gate: bool = True
     gate_init: float = -4.0
     ssm_input: str = "embeddings"  # what the SSM scans: embeddings, or "layer:l" (the states after l layers)
+    pair_size: int = 0  # > 0: the SSM also scans products of each token with those before it
+    pair_window: int = 1
     gate_lr: float = 0.1  # the gates' own learning rate (same schedule): a gate moves ~lr per step under Adam
     # stage 1 (the paper's code: lr 3e-4, 2 epochs)
     stage1_epochs: float = 2.0
@@ -172,6 +174,9 @@ FIELD_HELP = {
     "gate_init": "starting gate bias (very negative: the untrained cache is the sinks + recent window)",
     "ssm_input": "what the SSM scans: embeddings (the paper), or layer:l, the teacher's hidden states after its "
                  "first l layers (they can carry interactions of tokens; cost l/L of a dense prefill)",
+    "pair_size": "products of each token with a learned filter of the tokens before it that the SSM scans beside "
+                 "its input (H3's multiplicative input: lets the state sum token interactions; 0: none, the paper)",
+    "pair_window": "how many tokens back those products reach (the filter's length)",
     "gate_lr": "learning rate of the gates",
     "stage1_epochs": "stage 1 (KV alignment to the pooled teacher K/V) epochs",
     "init_from": "a compressor trained on another task (same teacher and shape): start from its weights and run "

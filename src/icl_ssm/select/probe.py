@@ -15,9 +15,11 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import torch
 
+from icl_ssm.compress.cache import summary_inputs
 from icl_ssm.data.tasks import Example
-from icl_ssm.evaluate.stats import interval, spearman
+from icl_ssm.evaluate.stats import interval, paired_separability, spearman
 from icl_ssm.select.evaluators import SubsetEvaluator
 
 
@@ -55,3 +57,25 @@ def flipped_label_probe(evaluators: dict[str, SubsetEvaluator], pool: Sequence[E
             if name != "dense" and len(diff) >= 3:
                 out[name]["diff_spearman_vs_dense"] = float(spearman(diffs["dense"], diff))
     return out
+
+
+@torch.no_grad()
+def prompt_states(model, compressor, builder, pool: Sequence[Example], subsets: Sequence[Sequence[int]]) -> np.ndarray:
+    """The compressor's SSM states ``(len(subsets), G * N)`` of each subset's prompt (what
+    selection compresses: ``builder.build_prefix`` of the demonstrations)."""
+    rows = []
+    for subset in subsets:
+        ids = torch.tensor([builder.build_prefix([pool[i] for i in subset]).input_ids], device=model.device)
+        embeds, mask = summary_inputs(model, compressor, ids)
+        rows.append(compressor.states(embeds.to(compressor.dtype), mask).flatten(1).double().cpu())
+    return torch.cat(rows).numpy()
+
+
+def state_separability(model, compressor, builder, pool: Sequence[Example], labels: Sequence[str],
+                       subsets: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """Can a linear read-out of the SSM state tell each subset's prompt from the same prompt
+    with its labels flipped? :func:`~icl_ssm.evaluate.stats.paired_separability` of the two
+    sets of states: 0.5 is a state blind to the input-label relation, 1 a state that carries
+    it (whether the head then uses it is what the loss difference says)."""
+    return paired_separability(prompt_states(model, compressor, builder, pool, subsets),
+                               prompt_states(model, compressor, builder, flipped(pool, labels), subsets))
