@@ -401,7 +401,10 @@ def test_the_synthetic_command_runs_the_study_on_tiny_settings(tmp_path, capsys)
     assert main(["synthetic", "fidelity", "--teacher", teacher, "--compressor", comp, "--control", comp + "-c",
                  "--k", "4", "--subsets", "8", "--queries", "3"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert {"compressed", "control", "window", "dense", "paired", "flop_ratio"} <= set(report)
+    assert {"compressed", "control", "window", "dense", "paired", "flop_ratio", "cache_flop_ratio"} <= set(report)
+    assert report["dense"]["cache_flops_per_subset"] < report["dense"]["flops_per_subset"]
+    assert report["cache_flop_ratio"] == report["dense"]["cache_flops_per_subset"] / report["compressed"][
+        "cache_flops_per_subset"]
     assert main(["synthetic", "probe", "--teacher", teacher, "--compressor", comp, "--k", "4", "--pairs", "6"]) == 0
     probe = json.loads(capsys.readouterr().out)
     assert 0 <= probe["compressed"]["higher_share"] <= 1 and probe["dense"]["flipped"] > 0

@@ -34,6 +34,7 @@ from icl_ssm.data.regression import RegressionTask
 from icl_ssm.distill.regression import regression_targets
 from icl_ssm.distill.train import DistillConfig, train
 from icl_ssm.compress.cache import summary_inputs
+from icl_ssm.cost import measure
 from icl_ssm.evaluate.stats import interval, paired_separability, paired_spearman, spearman, spearman_ci
 from icl_ssm.lm.regression import RegressionTeacher, load_teacher, prompt_values
 from icl_ssm.select.affinity import AffinitySelector
@@ -167,7 +168,10 @@ def fidelity_study(teacher_dir: str | Path, compressor_dir: str | Path, control_
                    seed: int = 100) -> dict[str, Any]:
     """Held-out subsets (a pool and queries of a seed the compressor never saw): every cache
     path's subset losses against the dense prompt's; Spearman with its interval, and paired
-    bootstrap differences against the control and the window of the compressed cache's size."""
+    bootstrap differences against the control and the window of the compressed cache's size.
+    FLOPs per subset: of the whole evaluation (``flops_per_subset``, ``flop_ratio``) and of
+    building the cache alone, before the queries read it (``cache_flops_per_subset``,
+    ``cache_flop_ratio``)."""
     teacher, task, compressor = _load(teacher_dir, compressor_dir)
     split = task.sample_selection(np.random.default_rng([seed, 12]), pool_size, d1_share, queries, 1)
     pool, valid, _ = split_examples(split)
@@ -193,9 +197,21 @@ def fidelity_study(teacher_dir: str | Path, compressor_dir: str | Path, control_
                         "flops_per_subset": res.cost.flops / subsets}
     report["dense"] = {"mean_loss": float(results["dense"].losses.mean()),
                        "flops_per_subset": results["dense"].cost.flops / subsets}
+    for name, ev in paths.items():  # the cache alone, before any query reads it
+        report[name]["cache_flops_per_subset"] = _cache_flops(ev, split, subs[: ev.batch])
     report["paired"] = paired_spearman(dense, {n: torch.as_tensor(r.query_losses) for n, r in results.items()})
     report["flop_ratio"] = report["dense"]["flops_per_subset"] / report["compressed"]["flops_per_subset"]
+    report["cache_flop_ratio"] = (report["dense"]["cache_flops_per_subset"]
+                                  / report["compressed"]["cache_flops_per_subset"])
     return report
+
+
+def _cache_flops(ev: RegressionEvaluator, split, subsets: Sequence[Sequence[int]]) -> float:
+    """FLOPs per subset of building ``ev``'s cache of the prompts of ``subsets`` (no queries)."""
+    values = prompt_values(split.pool_x[np.asarray(subsets)], split.pool_y[np.asarray(subsets)])
+    with torch.no_grad(), measure() as cost:
+        ev.build(values.to(ev.model.read_in.weight.device))
+    return cost.flops / len(subsets)
 
 
 def flipped_probe(teacher_dir: str | Path, compressor_dir: str | Path, *, k: int = 20, pairs: int = 64,
