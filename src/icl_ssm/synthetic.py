@@ -164,7 +164,7 @@ def summarize_select(rows: Sequence[dict]) -> list[dict]:
 
 
 def fidelity_study(teacher_dir: str | Path, compressor_dir: str | Path, control_dir: str | Path | None = None, *,
-                   k: int = 20, subsets: int = 64, queries: int = 16, pool_size: int = 200, d1_share: float = 0.5,
+                   k: int = 20, subsets: int = 64, queries: int = 64, pool_size: int = 200, d1_share: float = 0.5,
                    seed: int = 100) -> dict[str, Any]:
     """Held-out subsets (a pool and queries of a seed the compressor never saw): every cache
     path's subset losses against the dense prompt's; Spearman with its interval, and paired
