@@ -84,7 +84,7 @@ def _load(teacher_dir, compressor_dir) -> tuple[RegressionTeacher, RegressionTas
 def select_study(teacher_dir: str | Path, compressor_dir: str | Path | None, *, ks: Sequence[int] = (5, 10, 20, 40),
                  seeds: Sequence[int] = (0, 1, 2), pool_size: int = 200, d1_share: float = 0.5, queries: int = 16,
                  test_size: int = 200, subsets: int = 200, random_prompts: int = 8,
-                 checkpoints: Sequence[int] = (10, 50, 100, 200),
+                 checkpoints: Sequence[int] = (10, 50, 100, 200), estimator: str = "mean",
                  say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every method at every ``k`` and seed: test MSE, the D1 share of the pick, cost per subset.
 
@@ -92,7 +92,8 @@ def select_study(teacher_dir: str | Path, compressor_dir: str | Path | None, *, 
     validation and ``test_size`` test queries from D1. Affinity scores ``subsets`` subsets (the
     same ones for both evaluators); ``checkpoints``: the mean affinity score of D1 and of D2
     candidates from the first m subsets of the dense and compressed runs (the paper's appendix
-    table), at the largest k not above 20 (or the smallest k).
+    table), at the largest k not above 20 (or the smallest k). ``estimator``: how affinity turns
+    subset losses into candidate scores (:data:`~icl_ssm.select.estimators.ESTIMATORS`).
     """
     teacher, task, compressor = _load(teacher_dir, compressor_dir)
     rows, scores_table = [], []
@@ -120,7 +121,8 @@ def select_study(teacher_dir: str | Path, compressor_dir: str | Path | None, *, 
             if compressor is not None:
                 evaluators["compressed"] = RegressionEvaluator(teacher, split, "compressed", compressor)
             for name, ev in evaluators.items():
-                sel = AffinitySelector(ev, subsets=subsets).select(pool, valid, k, np.random.default_rng([seed, k, 2]))
+                sel = AffinitySelector(ev, subsets=subsets, estimator=estimator).select(
+                    pool, valid, k, np.random.default_rng([seed, k, 2]))
                 losses = np.asarray(sel.details["subset_losses"])
                 pick = [int(i) for i in sel.indices]
                 row[f"affinity-{name}"] = {
@@ -143,6 +145,7 @@ def select_study(teacher_dir: str | Path, compressor_dir: str | Path | None, *, 
                                                         for m in row if isinstance(row[m], dict)))
     return {"teacher": str(teacher_dir), "compressor": None if compressor_dir is None else str(compressor_dir),
             "task": asdict(task), "pool_size": pool_size, "d1_share": d1_share, "queries": queries,
+            "estimator": estimator,
             "test_size": test_size, "subsets": subsets, "rows": rows, "scores": scores_table,
             "summary": summarize_select(rows)}
 

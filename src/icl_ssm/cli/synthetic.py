@@ -42,7 +42,7 @@ def _select(args: argparse.Namespace) -> int:
     from icl_ssm.synthetic import plot_select, select_markdown, select_study
 
     result = select_study(args.teacher, args.compressor, ks=args.k, seeds=args.seeds, subsets=args.subsets,
-                          queries=args.queries, pool_size=args.pool_size,
+                          queries=args.queries, pool_size=args.pool_size, estimator=args.estimator,
                           say=lambda line: print(line, file=sys.stderr, flush=True))
     print(atomic.write_result(args.out, "select", result, select_markdown, plot_select))
     return 0
@@ -109,6 +109,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--subsets", type=int, default=200)
     p.add_argument("--queries", type=int, default=16)
     p.add_argument("--pool-size", type=int, default=200)
+    p.add_argument("--estimator", choices=("mean", "ridge"), default="mean",
+                   help="candidate scores from subset losses: the paper's mean, or a ridge fit of every candidate's effect")
     p.add_argument("--out", required=True, help="directory for select.json, select.md and select.png")
     p.set_defaults(func=_select)
     p = kinds.add_parser("fidelity", help="subset-loss Spearman against the dense prompt, with control and window",
