@@ -380,6 +380,9 @@ def test_the_synthetic_command_runs_the_study_on_tiny_settings(tmp_path, capsys)
     teacher, comp = str(tmp_path / "teacher"), str(tmp_path / "comp")
     assert main(["synthetic", "train", "--out", teacher, "--dims", "4", "--clusters", "2", "--max-pairs", "8",
                  "--hidden-size", "32", "--steps", "20", "--batch", "8"]) == 0
+    assert main(["synthetic", "evaluate", "--teacher", teacher, "--prompts", "8"]) == 0
+    evaluation = json.loads((tmp_path / "teacher" / "evaluation.json").read_text())
+    assert [r["k"] for r in evaluation["by_k"]] == list(range(9)) and {r["k"] for r in evaluation["mixed"]} == set()
     shape = ["--state-size", "8", "--num-virtual", "2", "--num-sink", "2", "--latent-size", "8"]
     assert main(["synthetic", "distill", "--teacher", teacher, "--out", comp, "--k", "4", "--samples", "8",
                  "--pair-size", "3", "--pair-window", "2", *shape]) == 0

@@ -1,5 +1,5 @@
 """``icl-ssm synthetic``: the paper's in-context regression study. ``train`` a regression
-teacher, ``distill`` a compressor (or its control) for it, then ``select`` (test error against
+teacher (``evaluate`` it), ``distill`` a compressor (or its control) for it, then ``select`` (test error against
 k per method, the D1 share, D1/D2 scores, FLOPs; JSON and PNG), ``fidelity`` (subset-loss
 Spearman against the dense prompt beside control and window) and ``probe`` (flipped targets)."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from icl_ssm import atomic
 
@@ -22,6 +23,27 @@ def _train(args: argparse.Namespace) -> int:
     train_teacher(config, task, args.out, steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
                   log=lambda line: print(line, file=sys.stderr, flush=True))
     print(args.out)
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from icl_ssm.lm.regression import evaluate_teacher, load_teacher
+    from icl_ssm.synthetic import task_of
+
+    teacher = load_teacher(args.teacher)
+    pairs = teacher.config.max_pairs
+    ks = tuple(k for k in (10, 20, 40, 60) if k <= pairs)
+    result = evaluate_teacher(teacher, task_of(args.teacher), np.random.default_rng(args.seed),
+                              n_prompts=args.prompts, mixed_ks=ks)
+    result.update(prompts=args.prompts, seed=args.seed)
+    path = atomic.write_json(Path(args.teacher) / "evaluation.json", result)
+    print("| k | teacher | ridge | zero |\n|---:|---:|---:|---:|")
+    for row in result["by_k"]:
+        if row["k"] in (1, 5, 10, 20, 30, 40, 50, 60):
+            print(f"| {row['k']} | {row['teacher']:.3f} | {row['ridge']:.3f} | {row['zero']:.3f} |")
+    print(path)
     return 0
 
 
@@ -84,6 +106,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_train)
+    p = kinds.add_parser("evaluate", help="a teacher's MSE against k beside ridge and zero, and on prompts mixing "
+                         "clusters (writes evaluation.json into the teacher's directory)", formatter_class=fmt)
+    p.add_argument("--teacher", required=True)
+    p.add_argument("--prompts", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=2026)
+    p.set_defaults(func=_evaluate)
     p = kinds.add_parser("distill", help="distil a compressor (or --control) for a teacher", formatter_class=fmt)
     p.add_argument("--teacher", required=True)
     p.add_argument("--out", required=True)
