@@ -138,3 +138,24 @@ def test_a_saved_compressor_keeps_its_products(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(back(x).keys, comp(x).keys)
     assert back.config.pair_window == 2
+
+
+def test_a_low_rank_input_makes_the_scan_read_fewer_numbers_and_cost_less():
+    from icl_ssm.compress.compressor import SSMCompressor
+    from icl_ssm.cost import measure
+
+    shape = dict(teacher_num_layers=2, num_groups=2, teacher_hidden_size=32, state_size=64, num_virtual=2,
+                 num_sink=1, latent_size=4, pair_size=8, system="scale_invariant", channels=16)
+    full = SSMCompressor(SSMCompressorConfig(**shape)).eval()
+    low = SSMCompressor(SSMCompressorConfig(input_rank=4, **shape)).eval()
+    assert low.ssm.Bbar.shape == (2, 64, 4) and low.input_proj.weight.shape == (4, 40)
+    x = torch.randn(2, 30, 32)
+    with torch.no_grad(), measure() as a:
+        full.states(x)
+    with torch.no_grad(), measure() as b:
+        out = low.states(x)
+    assert out.shape == (2, 2, 64) and b.flops < a.flops
+    low(x).keys.sum().backward()
+    assert low.input_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="input_rank must be >= 0, got -2"):
+        SSMCompressorConfig(input_rank=-2, **shape)

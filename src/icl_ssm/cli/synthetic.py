@@ -52,7 +52,7 @@ def _distill(args: argparse.Namespace) -> int:
 
     overrides = {"ssm_input": args.ssm_input}
     for name in ("state_size", "channels", "num_virtual", "num_sink", "num_recent", "latent_size", "pair_size",
-                 "pair_window", "stage1_epochs", "stage2_epochs"):
+                 "pair_window", "input_rank", "stage1_epochs", "stage2_epochs"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     print(distill_synthetic(args.teacher, args.out, k=args.k, samples=args.samples, seed=args.seed,
@@ -124,6 +124,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pair-size", type=int, default=None,
                    help="products of each token with the tokens before it that the SSM also scans (0: none)")
     p.add_argument("--pair-window", type=int, default=None, help="how many tokens back those products reach")
+    p.add_argument("--input-rank", type=int, default=None,
+                   help="the SSM reads a learned projection of its input to this many numbers (0: none)")
     for name in ("stage1_epochs", "stage2_epochs"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=None, help="default: the synthetic recipe")
     p.add_argument("--seed", type=int, default=0)

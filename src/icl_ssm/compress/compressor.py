@@ -62,6 +62,13 @@ class SSMCompressorConfig(PreTrainedConfig):
     (:class:`~icl_ssm.ssm.products.ShiftProducts`, H3's multiplicative input): a linear state
     can then sum interactions of neighbouring tokens, such as a label with its text.
 
+    ``input_rank`` = r > 0 puts one learned ``(H [+ P]) -> r`` projection, shared by the layer
+    groups, in front of the scan: the SSM's input matrices then read r numbers per token instead
+    of H + P, which cuts the per-token cost of the scan's input from ``G N (H + P)`` to
+    ``(H + P) r + G N r`` multiply-adds (what bounds the cache's FLOP saving on a small teacher;
+    the scale-invariant scan's cost beyond that does not depend on the input width, the
+    time-invariant one's follows its own plan).
+
     ``gate`` adds a learned bias per virtual token to every attention logit that reads it
     (``gate_init`` at the start). A strongly negative start makes the virtual tokens all but
     invisible: the untrained cache is then the sinks (plus the recent tokens) alone, and
@@ -97,6 +104,7 @@ class SSMCompressorConfig(PreTrainedConfig):
     ssm_input: str = "embeddings"  # what the SSM scans: the token embeddings or "layer:l", the states after l layers
     pair_size: int = 0  # > 0: the SSM also scans this many products of each token with those before it
     pair_window: int = 1  # how many tokens back those products reach
+    input_rank: int = 0  # > 0: the SSM reads a learned rank-r projection of its input (shared by the groups)
     initializer_range: float = 0.02
 
     def __post_init__(self, **kwargs):
@@ -108,7 +116,7 @@ class SSMCompressorConfig(PreTrainedConfig):
                 raise ValueError(f"{name} must be a positive integer, got {value}")
         if self.teacher_vocab_size < 0:  # 0: a teacher that reads value vectors, not token ids
             raise ValueError(f"teacher_vocab_size must be >= 0, got {self.teacher_vocab_size}")
-        for name in ("num_sink", "num_recent", "pair_size"):
+        for name in ("num_sink", "num_recent", "pair_size", "input_rank"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.num_groups > self.teacher_num_layers:
@@ -217,8 +225,11 @@ class SSMCompressor(PreTrainedModel):
         m, Hkv, d = c.teacher_num_layers, c.teacher_num_kv_heads, c.teacher_head_dim
         if c.pair_size:
             self.products = ShiftProducts(c.teacher_hidden_size, c.pair_size, c.pair_window)
-        self.ssm = HiPPOSSM(N, c.teacher_hidden_size + c.pair_size, G, c.system, c.dt, c.method,
-                            learn_dt=c.learn_dt, channels=c.channels)
+        scanned = c.teacher_hidden_size + c.pair_size
+        if c.input_rank:
+            self.input_proj = nn.Linear(scanned, c.input_rank, bias=False)
+            scanned = c.input_rank
+        self.ssm = HiPPOSSM(N, scanned, G, c.system, c.dt, c.method, learn_dt=c.learn_dt, channels=c.channels)
         self.constant = nn.Parameter(torch.zeros(G, N))  # the control's "state"
         self.state_scale = nn.Parameter(torch.ones(G, N))
         self.state_shift = nn.Parameter(torch.zeros(G, N))
@@ -252,6 +263,8 @@ class SSMCompressor(PreTrainedModel):
             return self.constant[None].expand(B, -1, -1).to(inputs_embeds.dtype)
         if self.config.pair_size:
             inputs_embeds = torch.cat([inputs_embeds, self.products(inputs_embeds, attention_mask)], dim=-1)
+        if self.config.input_rank:
+            inputs_embeds = self.input_proj(inputs_embeds)
         return self.ssm(inputs_embeds, attention_mask)
 
     def head(self, states: Tensor) -> VirtualKV:

@@ -43,7 +43,7 @@ from icl_ssm.ssm.layer import check_learn_dt
 
 COMPRESSOR_FIELDS = ("state_size", "channels", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size",
                      "system", "dt", "learn_dt", "method", "control", "standardize", "position", "gate", "gate_init",
-                     "ssm_input", "pair_size", "pair_window")
+                     "ssm_input", "pair_size", "pair_window", "input_rank")
 
 
 @dataclass
@@ -88,6 +88,7 @@ class DistillConfig:
     ssm_input: str = "embeddings"  # what the SSM scans: embeddings, or "layer:l" (the states after l layers)
     pair_size: int = 0  # > 0: the SSM also scans products of each token with those before it
     pair_window: int = 1
+    input_rank: int = 0  # > 0: the SSM reads a learned rank-r projection of its input
     gate_lr: float = 0.1  # the gates' own learning rate (same schedule): a gate moves ~lr per step under Adam
     # stage 1 (the paper's code: lr 3e-4, 2 epochs)
     stage1_epochs: float = 2.0
@@ -177,6 +178,8 @@ FIELD_HELP = {
     "pair_size": "products of each token with a learned filter of the tokens before it that the SSM scans beside "
                  "its input (H3's multiplicative input: lets the state sum token interactions; 0: none, the paper)",
     "pair_window": "how many tokens back those products reach (the filter's length)",
+    "input_rank": "a learned projection of the SSM's input to this many numbers per token, shared by the layer "
+                  "groups (0: none, the paper): a cheaper scan input",
     "gate_lr": "learning rate of the gates",
     "stage1_epochs": "stage 1 (KV alignment to the pooled teacher K/V) epochs",
     "init_from": "a compressor trained on another task (same teacher and shape): start from its weights and run "
