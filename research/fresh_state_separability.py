@@ -19,7 +19,7 @@ from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.evaluate.stats import paired_separability
 from icl_ssm.lm.regression import load_teacher
 from icl_ssm.select.sampling import balanced_subsets
-from icl_ssm.synthetic import SYNTHETIC_RECIPE, _states, task_of
+from icl_ssm.synthetic import SYNTHETIC_RECIPE, subset_states, task_of
 
 LAYOUTS = {
     "embeddings": {},
@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         torch.manual_seed(0)
         config = SSMCompressorConfig.for_teacher(teacher.config, **{**shape, **layout})
         comp = SSMCompressor(config).eval()
-        rows.append({"layout": name, **paired_separability(_states(teacher, comp, split, subsets),
-                                                           _states(teacher, comp, broken, subsets))})
+        rows.append({"layout": name, **paired_separability(subset_states(teacher, comp, split, subsets),
+                                                           subset_states(teacher, comp, broken, subsets))})
     for row in rows:
         print(json.dumps(row))
     return rows

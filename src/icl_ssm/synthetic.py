@@ -13,7 +13,10 @@ the relation between x and y; a method that reads the input-label relation shoul
   affinity on dense and on compressed caches, the D1 share of each pick, the mean affinity score
   of D1 and D2 candidates against the number of subsets, and FLOPs per evaluated subset;
 - :func:`fidelity_study`: subset-loss Spearman of the compressed cache against the dense
-  prompt, beside the control and the window of the same size, with paired intervals.
+  prompt, beside the control and the window of the same size, with paired intervals;
+- :func:`flipped_probe`: prompts with right and with another cluster's targets, through the
+  dense prompt, the compressed cache and a linear read-out of the SSM state
+  (:func:`subset_states`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from icl_ssm.compress.compressor import SSMCompressor, load_compressor
 from icl_ssm.data.regression import RegressionTask
 from icl_ssm.distill.regression import regression_targets
 from icl_ssm.distill.train import DistillConfig, train
-from icl_ssm.compress.cache import summary_inputs
+from icl_ssm.compress.cache import summary_states
 from icl_ssm.cost import measure
 from icl_ssm.evaluate.stats import interval, paired_separability, paired_spearman, spearman, spearman_ci
 from icl_ssm.lm.regression import RegressionTeacher, load_teacher, prompt_values
@@ -234,7 +237,7 @@ def flipped_probe(teacher_dir: str | Path, compressor_dir: str | Path, *, k: int
     if compressor is not None and not compressor.config.control:
         # is the input-target relation in the SSM state at all? (a linear read-out of it)
         more = balanced_subsets(pool_size, k, 4 * pairs, np.random.default_rng([seed, 16]))
-        out["state_separability"] = paired_separability(*(_states(teacher, compressor, s, more)
+        out["state_separability"] = paired_separability(*(subset_states(teacher, compressor, s, more)
                                                           for s in (split, broken)))
     for name, comp in (("dense", None), ("compressed", compressor)):
         cache = "dense" if comp is None else "compressed"
@@ -248,12 +251,12 @@ def flipped_probe(teacher_dir: str | Path, compressor_dir: str | Path, *, k: int
 
 
 @torch.no_grad()
-def _states(teacher: RegressionTeacher, compressor: SSMCompressor, split, subsets: Sequence[Sequence[int]]) -> np.ndarray:
+def subset_states(teacher: RegressionTeacher, compressor: SSMCompressor, split,
+                  subsets: Sequence[Sequence[int]]) -> np.ndarray:
     """The SSM's final states ``(len(subsets), G * N)`` of the prompts of ``subsets`` of the pool."""
     index = np.asarray(subsets)
     values = prompt_values(split.pool_x[index], split.pool_y[index])
-    embeds, mask = summary_inputs(teacher, compressor, values)
-    return compressor.states(embeds.to(compressor.dtype), mask).flatten(1).double().numpy()
+    return summary_states(teacher, compressor, values).flatten(1).double().numpy()
 
 
 def select_markdown(result: dict) -> str:

@@ -200,6 +200,14 @@ def summary_inputs(model: PreTrainedModel, compressor: SSMCompressor, input_ids:
     return embeds, mask
 
 
+def summary_states(model: PreTrainedModel, compressor: SSMCompressor, input_ids: Tensor,
+                   attention_mask: Tensor | None = None) -> Tensor:
+    """The compressor's SSM final states ``(B, G, N)`` of right-padded prompts: what its head
+    turns into virtual tokens (probes read them directly)."""
+    embeds, mask = summary_inputs(model, compressor, input_ids, attention_mask)
+    return compressor.states(embeds.to(compressor.dtype), mask)
+
+
 def compressed_cache(
     model: PreTrainedModel,
     compressor: SSMCompressor,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from icl_ssm.compress.cache import summary_inputs
+from icl_ssm.compress.cache import summary_states
 from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.stats import interval, paired_separability, spearman
 from icl_ssm.select.evaluators import SubsetEvaluator
@@ -66,8 +66,7 @@ def prompt_states(model, compressor, builder, pool: Sequence[Example], subsets: 
     rows = []
     for subset in subsets:
         ids = torch.tensor([builder.build_prefix([pool[i] for i in subset]).input_ids], device=model.device)
-        embeds, mask = summary_inputs(model, compressor, ids)
-        rows.append(compressor.states(embeds.to(compressor.dtype), mask).flatten(1).double().cpu())
+        rows.append(summary_states(model, compressor, ids).flatten(1).double().cpu())
     return torch.cat(rows).numpy()
 
 
