@@ -118,6 +118,11 @@ class DistillConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("pair_size", "input_rank"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be an integer >= 0 (0: off), got {getattr(self, name)!r}")
+        if not isinstance(self.pair_window, int) or self.pair_window <= 0:
+            raise ValueError(f"pair_window must be a positive integer, got {self.pair_window!r}")
         for name in ("stage1_epochs", "stage2_epochs", "lambda_kl", "lambda_hidden", "lambda_rank",
                      "lambda_label", "gate_lr", "dt_lr"):
             if getattr(self, name) < 0:
