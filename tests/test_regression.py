@@ -393,7 +393,8 @@ def test_the_synthetic_command_runs_the_study_on_tiny_settings(tmp_path, capsys)
     capsys.readouterr()
     out = tmp_path / "select"
     assert main(["synthetic", "select", "--teacher", teacher, "--compressor", comp, "--k", "3", "5", "--seeds", "0",
-                 "1", "--subsets", "12", "--queries", "3", "--pool-size", "20", "--estimator", "ridge", "--out", str(out)]) == 0
+                 "1", "--subsets", "12", "--queries", "3", "--pool-size", "20", "--estimator", "ridge",
+                 "--out", str(out)]) == 0
     result = json.loads((out / "select.json").read_text())
     assert result["estimator"] == "ridge"
     methods = {r["method"] for r in result["summary"]}

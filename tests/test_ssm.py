@@ -87,7 +87,7 @@ def test_shift_products_match_the_loop_over_positions_and_lags():
     out = module(x, mask)
     assert out.shape == (2, 9, 5) and out[:, 0].abs().max() == 0  # nothing before the first token
     changed = x.clone()
-    changed[:, 4] += torch.randn(6, dtype=torch.float64)  # a token moves only its own products and those of the 3 tokens after it
+    changed[:, 4] += torch.randn(6, dtype=torch.float64)  # moves its own products and the next 3 tokens'
     diff = (module(changed, mask) - out).abs().amax(-1)
     assert diff[:, :4].max() == 0 and diff[:, 8].max() == 0 and (diff[0, 4:8] > 1e-6).all()
 
@@ -107,7 +107,7 @@ def test_shift_products_start_as_the_product_with_the_previous_token():
 
 
 def test_a_compressor_with_products_scans_them_and_trains_them():
-    from icl_ssm.compress.compressor import SSMCompressor, load_compressor
+    from icl_ssm.compress.compressor import SSMCompressor
 
     shape = dict(teacher_num_layers=2, num_groups=2, teacher_hidden_size=8, state_size=8, num_virtual=2,
                  num_sink=1, latent_size=4)

@@ -140,7 +140,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--queries", type=int, default=16)
     p.add_argument("--pool-size", type=int, default=200)
     p.add_argument("--estimator", choices=("mean", "ridge"), default="mean",
-                   help="candidate scores from subset losses: the paper's mean, or a ridge fit of every candidate's effect")
+                   help="candidate scores from subset losses: the paper's mean, or a ridge fit of each "
+                   "candidate's effect")
     p.add_argument("--out", required=True, help="directory for select.json, select.md and select.png")
     p.set_defaults(func=_select)
     p = kinds.add_parser("fidelity", help="subset-loss Spearman against the dense prompt, with control and window",

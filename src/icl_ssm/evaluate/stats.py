@@ -297,8 +297,8 @@ def paired_separability(a: np.ndarray | Tensor, b: np.ndarray | Tensor, *, folds
         return lambda xs: np.concatenate([np.ones((len(xs), 1)), (xs - mean) / std], axis=1) @ w
 
     def accuracy(score, xa, xb) -> float:  # a tie (a read-out that sees nothing) counts half
-        sa, sb = score(xa), -score(xb)
-        return float((sa > 1e-9).sum() + (sb > 1e-9).sum() + 0.5 * ((np.abs(sa) <= 1e-9).sum() + (np.abs(sb) <= 1e-9).sum()))
+        s = np.concatenate([score(xa), -score(xb)])  # positive: read as its own side
+        return float((s > 1e-9).sum() + 0.5 * (np.abs(s) <= 1e-9).sum())
 
     correct = 0.0
     for f in range(folds):

@@ -6,6 +6,9 @@ and the same texts in the same order with every label replaced by another label 
 flipped prompt a different (for a model that uses the labels, higher) validation loss; a cache
 that only sees the texts and the label mix gives both nearly the same, since flipping keeps the
 texts and, for two balanced labels, the mix. The dense prompt is the reference.
+
+:func:`state_separability` asks the same one step earlier: can a linear read-out of the
+compressor's SSM state tell the two prompts apart at all?
 """
 
 from __future__ import annotations
