@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -19,7 +18,7 @@ from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.evaluate.stats import paired_separability
 from icl_ssm.lm.regression import load_teacher
 from icl_ssm.select.sampling import balanced_subsets
-from icl_ssm.synthetic import SYNTHETIC_RECIPE, subset_states, task_of
+from icl_ssm.synthetic import SYNTHETIC_RECIPE, flipped_pools, subset_states, task_of
 
 LAYOUTS = {
     "embeddings": {},
@@ -40,10 +39,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--seed", type=int, default=200)
     args = p.parse_args(argv)
     teacher, task = load_teacher(args.teacher), task_of(args.teacher)
-    rng = np.random.default_rng([args.seed, 14])  # the flipped-target probe's pool
-    split = task.sample_selection(rng, pool_size := 4 * args.k, 1.0, 16, 1, query_cluster=0)
-    flipped_y = task.target(split.pool_x, 1 % task.clusters) + task.noise(rng, len(split.pool_y))
-    broken = replace(split, pool_y=flipped_y.astype(np.float32))
+    split, broken = flipped_pools(task, pool_size := 4 * args.k, 16, args.seed)  # the probe's pools
     subsets = balanced_subsets(pool_size, args.k, args.pairs, np.random.default_rng([args.seed, 16]))
     index = np.asarray(subsets)
 

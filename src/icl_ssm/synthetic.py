@@ -39,10 +39,16 @@ from icl_ssm.data.regression import RegressionTask
 from icl_ssm.distill.regression import regression_targets
 from icl_ssm.distill.train import DistillConfig, train
 from icl_ssm.evaluate.stats import interval, paired_separability, paired_spearman, spearman, spearman_ci
-from icl_ssm.lm.regression import RegressionTeacher, load_teacher, prompt_values
+from icl_ssm.lm.regression import RegressionTeacher, load_teacher
 from icl_ssm.select.affinity import AffinitySelector
 from icl_ssm.select.estimators import mean_affinity
-from icl_ssm.select.regression import RegressionEvaluator, nearest_prompts, split_examples, test_errors
+from icl_ssm.select.regression import (
+    RegressionEvaluator,
+    nearest_prompts,
+    pool_prompts,
+    split_examples,
+    test_errors,
+)
 from icl_ssm.select.sampling import balanced_subsets
 
 # the synthetic recipe: a cache far smaller than a 2k-token prompt (k = 20: 40 tokens)
@@ -214,10 +220,19 @@ def fidelity_study(teacher_dir: str | Path, compressor_dir: str | Path, control_
 
 def _cache_flops(ev: RegressionEvaluator, split, subsets: Sequence[Sequence[int]]) -> float:
     """FLOPs per subset of building ``ev``'s cache of the prompts of ``subsets`` (no queries)."""
-    values = prompt_values(split.pool_x[np.asarray(subsets)], split.pool_y[np.asarray(subsets)])
     with torch.no_grad(), measure() as cost:
-        ev.build(values.to(ev.model.read_in.weight.device))
+        ev.build(pool_prompts(split, subsets).to(ev.model.read_in.weight.device))
     return cost.flops / len(subsets)
+
+
+def flipped_pools(task: RegressionTask, pool_size: int, queries: int, seed: int):
+    """The flipped-target probe's pools: ``pool_size`` D1 candidates (cluster 0) with
+    ``queries`` validation queries, and the same inputs with the targets (noise included) of
+    another cluster's function. Returns ``(split, broken)``."""
+    rng = np.random.default_rng([seed, 14])
+    split = task.sample_selection(rng, pool_size, 1.0, queries, 1, query_cluster=0)
+    flipped_y = task.target(split.pool_x, 1 % task.clusters) + task.noise(rng, len(split.pool_y))
+    return split, replace(split, pool_y=flipped_y.astype(np.float32))
 
 
 def flipped_probe(teacher_dir: str | Path, compressor_dir: str | Path, *, k: int = 20, pairs: int = 64,
@@ -227,11 +242,7 @@ def flipped_probe(teacher_dir: str | Path, compressor_dir: str | Path, *, k: int
     relation broken, the inputs and the targets' distribution kept). For each cache path, how
     much higher the loss of the broken prompt is, and in how many pairs it is higher at all."""
     teacher, task, compressor = _load(teacher_dir, compressor_dir)
-    rng = np.random.default_rng([seed, 14])
-    split = task.sample_selection(rng, pool_size := 4 * k, 1.0, queries, 1, query_cluster=0)
-    other = 1 % task.clusters
-    flipped_y = task.target(split.pool_x, other) + task.noise(rng, len(split.pool_y))
-    broken = replace(split, pool_y=flipped_y.astype(np.float32))
+    split, broken = flipped_pools(task, pool_size := 4 * k, queries, seed)
     subs = balanced_subsets(pool_size, k, pairs, np.random.default_rng([seed, 15]))
     out: dict[str, Any] = {"k": k, "pairs": pairs, "queries": queries}
     if compressor is not None and not compressor.config.control:
@@ -254,9 +265,7 @@ def flipped_probe(teacher_dir: str | Path, compressor_dir: str | Path, *, k: int
 def subset_states(teacher: RegressionTeacher, compressor: SSMCompressor, split,
                   subsets: Sequence[Sequence[int]]) -> np.ndarray:
     """The SSM's final states ``(len(subsets), G * N)`` of the prompts of ``subsets`` of the pool."""
-    index = np.asarray(subsets)
-    values = prompt_values(split.pool_x[index], split.pool_y[index])
-    return summary_states(teacher, compressor, values).flatten(1).double().numpy()
+    return summary_states(teacher, compressor, pool_prompts(split, subsets)).flatten(1).double().numpy()
 
 
 def select_markdown(result: dict) -> str:

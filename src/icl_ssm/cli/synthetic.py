@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from icl_ssm import atomic
+from icl_ssm.distill.train import FIELD_HELP
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -121,11 +122,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--control", action="store_true", help="the prompt-independent control")
     for name in ("state_size", "channels", "num_virtual", "num_sink", "num_recent", "latent_size"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None, help="default: the synthetic recipe")
-    p.add_argument("--pair-size", type=int, default=None,
-                   help="products of each token with the tokens before it that the SSM also scans (0: none)")
-    p.add_argument("--pair-window", type=int, default=None, help="how many tokens back those products reach")
-    p.add_argument("--input-rank", type=int, default=None,
-                   help="the SSM reads a learned projection of its input to this many numbers (0: none)")
+    for name in ("pair_size", "pair_window", "input_rank"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=None, help=FIELD_HELP[name])
     for name in ("stage1_epochs", "stage2_epochs"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=None, help="default: the synthetic recipe")
     p.add_argument("--seed", type=int, default=0)

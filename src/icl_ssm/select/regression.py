@@ -39,6 +39,12 @@ def _rows(examples: Sequence[Example], prefix: str) -> np.ndarray:
     return np.array([int(e.id[len(prefix):]) for e in examples], dtype=np.int64)
 
 
+def pool_prompts(split: SelectionSplit, index: np.ndarray | Sequence[Sequence[int]]) -> torch.Tensor:
+    """Prompt tokens ``(S, 2k, d + 1)`` of the pool rows ``index: (S, k)``, in that order."""
+    index = np.asarray(index)
+    return prompt_values(split.pool_x[index], split.pool_y[index])
+
+
 @dataclass
 class RegressionEvaluator(SubsetEvaluator):
     """A subset's loss: the mean over the validation queries of the squared error of the
@@ -86,7 +92,7 @@ class RegressionEvaluator(SubsetEvaluator):
         per_query, total, tokens = [], Cost(), 0
         for start in range(0, len(subsets), self.batch):
             chunk = [rows[list(s)] for s in subsets[start: start + self.batch]]
-            values = prompt_values(self.split.pool_x[np.stack(chunk)], self.split.pool_y[np.stack(chunk)]).to(device)
+            values = pool_prompts(self.split, np.stack(chunk)).to(device)
             with torch.no_grad(), measure(device) as cost:
                 prefix = self.build(values).repeat_interleave(Q)
                 pred = forward_with_prefix(self.model, prefix, qx.repeat(len(chunk), 1, 1)).predictions[:, -1]
@@ -107,8 +113,7 @@ def test_errors(model: RegressionTeacher, split: SelectionSplit, prompts: Sequen
     if len(prompts) not in (1, n):
         raise ValueError(f"{len(prompts)} prompts for {n} test queries; expected 1 or one per query")
     device = model.read_in.weight.device
-    idx = np.array([list(p) for p in prompts])
-    values = prompt_values(split.pool_x[idx], split.pool_y[idx]).to(device)
+    values = pool_prompts(split, [list(p) for p in prompts]).to(device)
     cache = exact_cache(model, values)
     queries = prompt_values(split.test_x[:, None]).to(device)
     cache = cache.repeat_interleave(n) if len(prompts) == 1 else cache
