@@ -258,7 +258,8 @@ def test_evaluate_teacher_rows():
     task = RegressionTask("linear", d=4, clusters=3)
     result = evaluate_teacher(model, task, np.random.default_rng(0), n_prompts=8, mixed_ks=(4,), d1_shares=(1.0, 0.5))
     assert [row["k"] for row in result["by_k"]] == list(range(9))
-    assert set(result["by_k"][0]) == {"k", "teacher", "least_squares", "ridge", "zero"}
+    names = {"teacher", "least_squares", "ridge", "zero"}
+    assert set(result["by_k"][0]) == {"k"} | names | {f"{n}_se" for n in names}
     assert [(row["k"], row["d1_share"]) for row in result["mixed"]] == [(4, 1.0), (4, 0.5)]
     preds = teacher_predictions(model, *task.sample_prompts(np.random.default_rng(0), 3, 5))
     assert preds.shape == (3, 5)
@@ -383,6 +384,7 @@ def test_the_synthetic_command_runs_the_study_on_tiny_settings(tmp_path, capsys)
     assert main(["synthetic", "evaluate", "--teacher", teacher, "--prompts", "8"]) == 0
     evaluation = json.loads((tmp_path / "teacher" / "evaluation.json").read_text())
     assert [r["k"] for r in evaluation["by_k"]] == list(range(9)) and {r["k"] for r in evaluation["mixed"]} == set()
+    assert all(r["teacher_se"] > 0 for r in evaluation["by_k"]) and "±" in capsys.readouterr().out
     shape = ["--state-size", "8", "--num-virtual", "2", "--num-sink", "2", "--latent-size", "8"]
     assert main(["synthetic", "distill", "--teacher", teacher, "--out", comp, "--k", "4", "--samples", "8",
                  "--pair-size", "3", "--pair-window", "2", *shape]) == 0

@@ -40,10 +40,12 @@ def _evaluate(args: argparse.Namespace) -> int:
                               n_prompts=args.prompts, mixed_ks=ks)
     result.update(prompts=args.prompts, seed=args.seed)
     path = atomic.write_json(Path(args.teacher) / "evaluation.json", result)
+    print(f"MSE over {args.prompts} prompts ± its standard error")
     print("| k | teacher | ridge | zero |\n|---:|---:|---:|---:|")
     for row in result["by_k"]:
         if row["k"] in (1, 5, 10, 20, 30, 40, 50, 60):
-            print(f"| {row['k']} | {row['teacher']:.3f} | {row['ridge']:.3f} | {row['zero']:.3f} |")
+            print(f"| {row['k']} | " + " | ".join(f"{row[m]:.3f} ± {row[m + '_se']:.3f}" for m in ("teacher", "ridge",
+                                                                                                  "zero")) + " |")
     print(path)
     return 0
 

@@ -260,7 +260,8 @@ def evaluate_teacher(
 
     ``"by_k"``: prompts of ``max_pairs + 1`` pairs, each from one fresh random function (the
     training distribution); rows ``{"k", "teacher", "least_squares", "ridge", "zero"}``, the mean
-    squared error of predicting pair ``k + 1`` from the ``k`` before it, ``k = 0..max_pairs``.
+    squared error of predicting pair ``k + 1`` from the ``k`` before it, ``k = 0..max_pairs``,
+    each with its standard error over the prompts (``"teacher_se"``, ...).
     ``ridge`` uses ``lam = sigma^2 * d`` (Bayes-optimal for ``"linear"``).
 
     ``"mixed"``: prompts on the task's fixed clusters: ``k`` demonstrations of which
@@ -277,8 +278,10 @@ def evaluate_teacher(
         "ridge": ridge_predictions(xs, ys, lam),
         "zero": np.zeros(ys.shape),
     }
-    err = {name: ((p - ys) ** 2).mean(0) for name, p in preds.items()}  # (P,)
-    by_k = [{"k": k, **{name: float(e[k]) for name, e in err.items()}} for k in range(P)]
+    sq = {name: (p - ys) ** 2 for name, p in preds.items()}  # (n_prompts, P)
+    by_k = [{"k": k, **{name: float(e[:, k].mean()) for name, e in sq.items()},
+             **{f"{name}_se": float(e[:, k].std(ddof=1) / np.sqrt(len(e))) for name, e in sq.items()}}
+            for k in range(P)]
 
     mixed = []
     for k in mixed_ks:
