@@ -237,6 +237,39 @@ def test_train_reduces_loss_and_round_trips(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["teacher"]
 
 
+def test_training_can_start_from_another_teacher(tmp_path, capsys):
+    from icl_ssm.cli import main
+
+    torch.set_num_threads(1)
+    linear = RegressionTask("linear", d=4, clusters=2, sigma=0.1)
+    relu = RegressionTask("relu", d=4, clusters=2, sigma=0.1, relu_hidden=8)
+    config = tiny_config()
+    source = train_teacher(config, linear, tmp_path / "linear", steps=3, batch=4, seed=0)
+    # at lr 0 the carried teacher is its source exactly; a fresh initialisation (seed 5) is not
+    carried = train_teacher(config, relu, tmp_path / "carried", steps=2, batch=4, lr=0.0, seed=5,
+                            use_curriculum=False, init_from=source)
+    fresh = train_teacher(config, relu, tmp_path / "fresh", steps=2, batch=4, lr=0.0, seed=5)
+    weights = {name: load_teacher(d).state_dict() for name, d in
+               (("source", source), ("carried", carried), ("fresh", fresh))}
+    assert all(torch.equal(v, weights["carried"][k]) for k, v in weights["source"].items())
+    assert not all(torch.equal(v, weights["fresh"][k]) for k, v in weights["source"].items())
+    record = json.loads((carried / "training.json").read_text())
+    assert record["recipe"]["init_from"] == str(source) and record["task"]["function_class"] == "relu"
+    with pytest.raises(ValueError, match=r"num_hidden_layers \(2 vs 3\)"):
+        train_teacher(tiny_config(num_hidden_layers=3), relu, tmp_path / "bad", steps=1, init_from=source)
+    assert not (tmp_path / "bad").exists()
+
+    # the command takes the source's shape unless told otherwise, and refuses a shape that differs
+    assert main(["synthetic", "train", "--function", "relu", "--init-from", str(source), "--clusters", "2",
+                 "--out", str(tmp_path / "cli"), "--steps", "2", "--batch", "4"]) == 0
+    assert load_teacher(tmp_path / "cli").config.hidden_size == config.hidden_size
+    assert json.loads((tmp_path / "cli" / "training.json").read_text())["recipe"]["use_curriculum"] is False
+    capsys.readouterr()
+    assert main(["synthetic", "train", "--init-from", str(source), "--max-pairs", "9", "--out", str(tmp_path / "x"),
+                 "--steps", "1"]) == 2
+    assert "max_pairs (8 vs 9)" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
 def test_save_load_round_trip(tmp_path):
     model = tiny_teacher(seed=3)
     model.save_pretrained(tmp_path / "t")

@@ -16,12 +16,21 @@ from icl_ssm.distill.train import FIELD_HELP
 
 def _train(args: argparse.Namespace) -> int:
     from icl_ssm.data.regression import RegressionTask
-    from icl_ssm.lm.regression import RegressionTeacherConfig, train_teacher
+    from icl_ssm.lm.regression import SHAPE_FIELDS, RegressionTeacherConfig, load_teacher, train_teacher
 
-    task = RegressionTask(args.function, d=args.dims, clusters=args.clusters, sigma=args.sigma, seed=args.task_seed)
-    config = RegressionTeacherConfig(n_dims=args.dims, max_pairs=args.max_pairs, num_hidden_layers=args.layers,
-                                     hidden_size=args.hidden_size)
+    # the shape: the flags given, else the --init-from teacher's, else the defaults
+    base = load_teacher(args.init_from).config if args.init_from else None
+    shape = {}
+    for flag, field, default in (("dims", "n_dims", 20), ("max_pairs", "max_pairs", 40),
+                                 ("layers", "num_hidden_layers", 2), ("hidden_size", "hidden_size", 64)):
+        given = getattr(args, flag, None)
+        shape[field] = given if given is not None else getattr(base, field) if base is not None else default
+    task = RegressionTask(args.function, d=shape["n_dims"], clusters=args.clusters, sigma=args.sigma,
+                          seed=args.task_seed)
+    carried = {name: getattr(base, name) for name in SHAPE_FIELDS} if base is not None else {}
+    config = RegressionTeacherConfig(**(carried | shape))
     train_teacher(config, task, args.out, steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
+                  use_curriculum=not args.init_from, init_from=args.init_from,
                   log=lambda line: print(line, file=sys.stderr, flush=True))
     print(args.out)
     return 0
@@ -93,17 +102,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                             "selection, fidelity, flipped-target probe")
     kinds = parser.add_subparsers(dest="synthetic", metavar="STEP", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    p = kinds.add_parser("train", help="train a regression teacher from scratch (Garg et al.'s prompts)",
-                         formatter_class=fmt)
+    p = kinds.add_parser("train", help="train a regression teacher on Garg et al.'s prompts, from scratch or "
+                         "from another teacher (--init-from)", formatter_class=fmt)
     p.add_argument("--function", choices=("linear", "relu"), default="linear")
     p.add_argument("--out", required=True, help="directory for the teacher")
-    p.add_argument("--dims", type=int, default=20)
+    p.add_argument("--init-from", metavar="DIR", help="start from this teacher's weights (no curriculum); its "
+                   "shape is the default of --dims, --max-pairs, --layers and --hidden-size, which must match it")
+    shape = {"default": argparse.SUPPRESS}  # the --init-from teacher's, else the default the help names
+    p.add_argument("--dims", type=int, help="input dimension (default: 20)", **shape)
     p.add_argument("--clusters", type=int, default=4, help="fixed functions of the selection setting (D1 is one)")
     p.add_argument("--sigma", type=float, default=0.25, help="noise of the targets")
     p.add_argument("--task-seed", type=int, default=0, help="draws the clusters' functions")
-    p.add_argument("--max-pairs", type=int, default=40, help="longest prompt trained on, in (x, y) pairs")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--max-pairs", type=int, help="longest prompt trained on, in (x, y) pairs (default: 40)", **shape)
+    p.add_argument("--layers", type=int, help="transformer layers (default: 2)", **shape)
+    p.add_argument("--hidden-size", type=int, help="width of the backbone (default: 64)", **shape)
     p.add_argument("--steps", type=int, default=28000)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-3)

@@ -354,8 +354,13 @@ def train_teacher(
     weight_decay: float = 0.0,
     log_every: int = 100,
     log: Callable[[str], None] | None = None,
+    init_from: str | Path | None = None,
 ) -> Path:
-    """Train a teacher from scratch on Garg's prompts (each from one fresh function) and save it.
+    """Train a teacher on Garg's prompts (each from one fresh function) and save it.
+
+    From scratch, or, with ``init_from``, from the weights of a teacher saved by this function
+    (its shape must equal ``config``'s, or a ValueError names the fields that differ): a teacher
+    that already regresses in context, carried to another function class.
 
     AdamW at ``lr`` with ``warmup`` linear steps then cosine decay to ``lr / 10``; gradients
     clipped at norm 1. ``use_curriculum``: :func:`curriculum` over dims and pairs, full size
@@ -370,9 +375,16 @@ def train_teacher(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng([seed, 1])
-    with torch.random.fork_rng(devices=[]):  # seeded initialisation, global RNG untouched
-        torch.manual_seed(seed)
-        model = RegressionTeacher(config)
+    if init_from is not None:
+        model = load_teacher(init_from)
+        differ = [name for name in SHAPE_FIELDS if getattr(model.config, name) != getattr(config, name)]
+        if differ:
+            raise ValueError(f"init_from teacher {str(init_from)!r} differs from config in "
+                             + ", ".join(f"{n} ({getattr(model.config, n)} vs {getattr(config, n)})" for n in differ))
+    else:
+        with torch.random.fork_rng(devices=[]):  # seeded initialisation, global RNG untouched
+            torch.manual_seed(seed)
+            model = RegressionTeacher(config)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
 
@@ -410,7 +422,8 @@ def train_teacher(
         "task": asdict(task),
         "recipe": {"steps": steps, "batch": batch, "lr": lr, "seed": seed, "use_curriculum": use_curriculum,
                    "ramp": ramp, "warmup": warmup, "weight_decay": weight_decay,
-                   "torch_threads": torch.get_num_threads()},
+                   "torch_threads": torch.get_num_threads(),
+                   "init_from": None if init_from is None else str(init_from)},
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "wall_seconds": round(wall, 1),
         "final_loss": history[-1]["loss"],
@@ -418,6 +431,11 @@ def train_teacher(
     }
     _save_atomic(model.eval(), out, {"training.json": record})
     return out
+
+
+# the fields that fix a teacher's weights' shapes (and the prompts it is trained on)
+SHAPE_FIELDS = ("n_dims", "max_pairs", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "head_dim")
 
 
 def _save_atomic(model: PreTrainedModel, out: Path, extra_json: dict[str, dict]) -> None:
@@ -463,6 +481,7 @@ def load_teacher(path: str | Path) -> RegressionTeacher:
 
 
 __all__ = [
+    "SHAPE_FIELDS",
     "RegressionOutput",
     "RegressionTeacher",
     "RegressionTeacherConfig",
