@@ -940,3 +940,33 @@ def test_paired_separability_reads_a_linear_difference_and_not_noise():
     assert 0.3 < same["accuracy"] < 0.7 and same["ci95"][0] < 0.5 < same["ci95"][1]
     with pytest.raises(ValueError, match=r"must be the same \(n, D\) with n >= 2 \* folds = 16"):
         paired_separability(base[:10], shifted[:10])
+
+
+def test_transfer_table_puts_each_report_in_its_cell(tmp_path, capsys, monkeypatch):
+    """research/transfer_table.py on planted reports: a transfer's numbers land in its source's row
+    and its target's column; the saving compares each transfer with its target's native run."""
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "research" / "transfer_table.py"
+    spec = importlib.util.spec_from_file_location("transfer_table", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def path_report(kl):
+        return {"kl": kl, "logit_mse": 10 * kl, "acc": 0.5}
+
+    for target, source in (("a", "b"), ("b", "a")):
+        report = {"acc_dense": 0.7, "kl": 0.1, "logit_mse": 1.0, "acc_compressed": 0.6, "window_kl": 0.3,
+                  "window_acc": 0.55, "also": {f"from-{source}": path_report(0.05 if target == "a" else 0.07),
+                                               f"as-is-{source}": path_report(0.9)}}
+        (tmp_path / f"transfer-{target}.json").write_text(json.dumps(report))
+    (tmp_path / "times.tsv").write_text("native-a\t100\t0\nnative-b\t200\t0\nxfer-b-to-a\t60\t0\n"
+                                        "xfer-a-to-b\t999\t1\nxfer-a-to-b\t150\t0\n")
+    monkeypatch.setattr("sys.argv", ["transfer_table.py", str(tmp_path), "--tasks", "a", "b"])
+    script.main()
+    out = capsys.readouterr().out
+    assert "| from b (stage 2 here) | 0.050 / 0.5 / 0.500 | — |" in out
+    assert "| from a (stage 2 here) | — | 0.070 / 0.7 / 0.500 |" in out
+    assert "| a, as it is | — | 0.900 / 9.0 / 0.500 |" in out
+    # the failed run of a -> b is left out of its saving
+    assert "| a | 100 | 60 | 40% to 40% |" in out and "| b | 200 | 150 | 25% to 25% |" in out
