@@ -19,16 +19,16 @@ def _train(args: argparse.Namespace) -> int:
     from icl_ssm.lm.regression import SHAPE_FIELDS, RegressionTeacherConfig, load_teacher, train_teacher
 
     # the shape: the flags given, else the --init-from teacher's, else the defaults
-    base = load_teacher(args.init_from).config if args.init_from else None
-    shape = {}
-    for flag, field, default in (("dims", "n_dims", 20), ("max_pairs", "max_pairs", 40),
-                                 ("layers", "num_hidden_layers", 2), ("hidden_size", "hidden_size", 64)):
-        given = getattr(args, flag, None)
-        shape[field] = given if given is not None else getattr(base, field) if base is not None else default
+    shape = {"n_dims": 20, "max_pairs": 40, "num_hidden_layers": 2, "hidden_size": 64}
+    if args.init_from:
+        base = load_teacher(args.init_from).config
+        shape = {name: getattr(base, name) for name in SHAPE_FIELDS}
+    flags = (("dims", "n_dims"), ("max_pairs", "max_pairs"), ("layers", "num_hidden_layers"),
+             ("hidden_size", "hidden_size"))
+    shape |= {field: getattr(args, flag) for flag, field in flags if hasattr(args, flag)}  # unset flags are absent
     task = RegressionTask(args.function, d=shape["n_dims"], clusters=args.clusters, sigma=args.sigma,
                           seed=args.task_seed)
-    carried = {name: getattr(base, name) for name in SHAPE_FIELDS} if base is not None else {}
-    config = RegressionTeacherConfig(**(carried | shape))
+    config = RegressionTeacherConfig(**shape)
     train_teacher(config, task, args.out, steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
                   use_curriculum=not args.init_from, init_from=args.init_from,
                   log=lambda line: print(line, file=sys.stderr, flush=True))
