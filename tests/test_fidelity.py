@@ -970,3 +970,35 @@ def test_transfer_table_puts_each_report_in_its_cell(tmp_path, capsys, monkeypat
     assert "| a, as it is | — | 0.900 / 9.0 / 0.500 |" in out
     # the failed run of a -> b is left out of its saving
     assert "| a | 100 | 60 | 40% to 40% |" in out and "| b | 200 | 150 | 25% to 25% |" in out
+
+
+def test_join_reports_pairs_paths_of_two_runs_on_their_common_subsets():
+    """research/join_reports.py: OTHER's compressed path joins BASE's under its new name on the
+    subsets both runs drew; different draws are refused."""
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "research" / "join_reports.py"
+    spec = importlib.util.spec_from_file_location("join_reports", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rng = np.random.default_rng(0)
+    dense = rng.random((10, 4))
+    good = dense + 0.01 * rng.random((10, 4))  # ranks the subsets as dense does
+    common = {"task": "t", "k": 3, "seed": 0, "queries": 4, "query_offset": 0, "loss": "nll"}
+    ids = [[i, i + 1, i + 2] for i in range(10)]
+    base = {**common, "per_subset": {"ids": ids, "query_loss": {
+        "dense": dense.tolist(), "compressed": rng.random((10, 4)).tolist(), "control": rng.random((10, 4)).tolist()}}}
+    other = {**common, "per_subset": {"ids": ids[:8], "query_loss": {
+        "dense": dense[:8].tolist(), "compressed": good[:8].tolist(), "control": base["per_subset"]["query_loss"][
+            "control"][:8], "extra": rng.random((8, 4)).tolist()}}}
+    losses, drift = script.join(base, other, "good")
+    assert sorted(losses) == ["compressed", "control", "dense", "extra", "good"]
+    assert losses["dense"].shape == (8, 4) and drift == {"dense": 0.0, "control": 0.0}
+    rows, paired = script.table(losses)
+    assert paired["good-control"]["diff"] > 0.5 and any(r.startswith("| good | 1.00 ") for r in rows)
+    with pytest.raises(ValueError, match="subsets differ"):
+        script.join(base, {**other, "per_subset": {**other["per_subset"], "ids": ids[1:9]}}, "good")
+    with pytest.raises(ValueError, match="differ in k"):
+        script.join(base, {**other, "k": 4}, "good")
+    with pytest.raises(ValueError, match="already a path"):
+        script.join(base, other, "control")
