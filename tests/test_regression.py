@@ -30,6 +30,15 @@ from icl_ssm.lm.regression import (
 )
 
 
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test, and the process's setting back afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny_config(**overrides) -> RegressionTeacherConfig:
     fields = dict(n_dims=4, max_pairs=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2)
@@ -203,8 +212,7 @@ def test_curriculum_grows_to_full_size():
     assert curriculum(0, 10, 3, 4) == (3, 4)  # smaller than the start: full size at once
 
 
-def test_train_reduces_loss_and_round_trips(tmp_path):
-    torch.set_num_threads(1)
+def test_train_reduces_loss_and_round_trips(tmp_path, one_thread):
     task = RegressionTask("linear", d=2, clusters=2, sigma=0.1)
     config = tiny_config(n_dims=2, max_pairs=6, hidden_size=64, intermediate_size=128, num_key_value_heads=4)
     xs, ys = task.sample_prompts(np.random.default_rng(99), 256, 7)
@@ -237,10 +245,9 @@ def test_train_reduces_loss_and_round_trips(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["teacher"]
 
 
-def test_training_can_start_from_another_teacher(tmp_path, capsys):
+def test_training_can_start_from_another_teacher(tmp_path, capsys, one_thread):
     from icl_ssm.cli import main
 
-    torch.set_num_threads(1)
     linear = RegressionTask("linear", d=4, clusters=2, sigma=0.1)
     relu = RegressionTask("relu", d=4, clusters=2, sigma=0.1, relu_hidden=8)
     config = tiny_config()
