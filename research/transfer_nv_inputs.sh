@@ -17,7 +17,8 @@
 #
 # Environment: ICL (default: icl-ssm), PYTHON (default: python3), MODEL (default: smollm2-135m),
 # SAMPLES (training episodes, default 128), SUBSETS and QUERIES (fidelity, default 30 x 32),
-# TASKS (default: rotten_tomatoes cr coin_flip modular_addition), HUB (a task: transfers only to
+# TASKS (default: rotten_tomatoes cr coin_flip modular_addition), TWO (the tasks of nv and inputs,
+# default: rotten_tomatoes coin_flip; the flipped-label probe runs when rotten_tomatoes is one), HUB (a task: transfers only to
 # and from it, 2(n-1) runs instead of n(n-1)), NV (default: 4 16 64), LAYERS (default: 1 2 8),
 # JOBS (runs at once in each of the two pipelines, default 8), KLO and KHI (the two k, default
 # 20 and 50). Each run's wall time goes to OUT/times.tsv; finished runs are skipped on a rerun.
@@ -39,7 +40,7 @@ JOBS=${JOBS:-8}
 KLO=${KLO:-20}  # the two prompt sizes (smaller ones for a smoke run on a tiny model)
 KHI=${KHI:-50}
 FID="--model $MODEL --subsets ${SUBSETS:-30} --queries ${QUERIES:-32} --batch 8 --query-batch 64 --json"
-TWO="rotten_tomatoes coin_flip"
+TWO=${TWO:-"rotten_tomatoes coin_flip"}  # the tasks of nv and inputs
 FLIP=${FLIP:-"--subsets 24 --queries 16"}  # the flipped-label probe's size
 mkdir -p "$OUT"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -121,6 +122,8 @@ low() {
       throttle; fidelity "inputs-$t-k$KLO.json" --task "$t" --k $KLO --compressor "$OUT/native-$t" \
         --control "$OUT/control-$t-k$KLO" --also $(pick "${also[@]}") &
     done
+  fi
+  if has inputs && [[ " $TWO " == *" rotten_tomatoes "* ]]; then  # the flipped-label probe is on rotten_tomatoes
     for name in native-rotten_tomatoes $(for l in $LAYERS; do echo "layer$l-rotten_tomatoes-k$KLO"; done); do
       [ -f "$OUT/flipped-$name.json" ] && continue
       throttle
