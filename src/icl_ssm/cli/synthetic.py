@@ -18,17 +18,17 @@ def _train(args: argparse.Namespace) -> int:
     from icl_ssm.data.regression import RegressionTask
     from icl_ssm.lm.regression import SHAPE_FIELDS, RegressionTeacherConfig, load_teacher, train_teacher
 
-    # the shape: the flags given, else the --init-from teacher's, else the defaults
-    shape = {"n_dims": 20, "max_pairs": 40, "num_hidden_layers": 2, "hidden_size": 64}
+    # the shape: the --init-from teacher's, the flags given on top; the config's defaults fill the rest
+    carried = {}
     if args.init_from:
         base = load_teacher(args.init_from).config
-        shape = {name: getattr(base, name) for name in SHAPE_FIELDS}
+        carried = {name: getattr(base, name) for name in SHAPE_FIELDS}
     flags = (("dims", "n_dims"), ("max_pairs", "max_pairs"), ("layers", "num_hidden_layers"),
              ("hidden_size", "hidden_size"))
-    shape |= {field: getattr(args, flag) for flag, field in flags if hasattr(args, flag)}  # unset flags are absent
-    task = RegressionTask(args.function, d=shape["n_dims"], clusters=args.clusters, sigma=args.sigma,
+    given = {field: getattr(args, flag) for flag, field in flags if hasattr(args, flag)}  # unset flags are absent
+    config = RegressionTeacherConfig(**(carried | given))
+    task = RegressionTask(args.function, d=config.n_dims, clusters=args.clusters, sigma=args.sigma,
                           seed=args.task_seed)
-    config = RegressionTeacherConfig(**shape)
     train_teacher(config, task, args.out, steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
                   use_curriculum=not args.init_from, init_from=args.init_from,
                   log=lambda line: print(line, file=sys.stderr, flush=True))

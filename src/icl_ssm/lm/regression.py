@@ -40,6 +40,10 @@ from transformers.utils import ModelOutput
 from icl_ssm.data.regression import RegressionTask
 from icl_ssm.lm.hf import output_cache, with_cache
 
+# the fields that fix a teacher's weights' shapes (and the prompts it is trained on)
+SHAPE_FIELDS = ("n_dims", "max_pairs", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "head_dim")
+
 
 @strict
 class RegressionTeacherConfig(PreTrainedConfig):
@@ -71,8 +75,7 @@ class RegressionTeacherConfig(PreTrainedConfig):
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         super().__post_init__(**kwargs)
-        for name in ("n_dims", "max_pairs", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim"):
+        for name in SHAPE_FIELDS:
             value = getattr(self, name)
             if value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value}")
@@ -431,11 +434,6 @@ def train_teacher(
     }
     _save_atomic(model.eval(), out, {"training.json": record})
     return out
-
-
-# the fields that fix a teacher's weights' shapes (and the prompts it is trained on)
-SHAPE_FIELDS = ("n_dims", "max_pairs", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "num_key_value_heads", "head_dim")
 
 
 def _save_atomic(model: PreTrainedModel, out: Path, extra_json: dict[str, dict]) -> None:
