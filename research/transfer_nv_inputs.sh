@@ -18,8 +18,9 @@
 # Environment: ICL (default: icl-ssm), PYTHON (default: python3), MODEL (default: smollm2-135m),
 # SAMPLES (training episodes, default 128), SUBSETS and QUERIES (fidelity, default 30 x 32),
 # TASKS (default: rotten_tomatoes cr coin_flip modular_addition), TWO (the tasks of nv and inputs,
-# default: rotten_tomatoes coin_flip; the flipped-label probe runs when rotten_tomatoes is one), HUB (a task: transfers only to
-# and from it, 2(n-1) runs instead of n(n-1)), NV (default: 4 16 64), LAYERS (default: 1 2 8),
+# default: rotten_tomatoes coin_flip; the flipped-label probe runs when rotten_tomatoes is one),
+# HUB (a task: transfers only to and from it, 2(n-1) runs instead of n(n-1)), NV (default: 4 16 64),
+# LAYERS (default: 1 2 8),
 # JOBS (runs at once in each of the two pipelines, default 8), KLO and KHI (the two k, default
 # 20 and 50). Each run's wall time goes to OUT/times.tsv; finished runs are skipped on a rerun.
 # Every step is a background job bounded by JOBS, so on one GPU the small teacher leaves room for
