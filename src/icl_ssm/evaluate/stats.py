@@ -215,6 +215,76 @@ def interval(draws: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def bootstrap_means(diff: Sequence[float] | np.ndarray, *, resamples: int = 2000, seed: int | np.random.Generator = 0,
+                    both_axes: bool = True) -> np.ndarray:
+    """Bootstrap draws of the mean of paired differences: the one resampling routine of the project.
+
+    ``diff``: ``(n,)`` one paired difference per unit (an example, a subset), or ``(n, m)``
+    (subsets x queries, say): each draw resamples the ``n`` rows and, with ``both_axes``, the
+    ``m`` columns too, and takes the mean of the drawn cells. Returns ``(resamples,)`` float64.
+    NaN cells are left out of a draw's mean (a draw of only NaN is NaN).
+    """
+    diff = np.asarray(diff, dtype=np.float64)
+    if diff.ndim not in (1, 2) or not diff.size:
+        raise ValueError(f"bootstrap_means needs a non-empty (n,) or (n, m) array of differences, got {diff.shape}")
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    grid = diff if diff.ndim == 2 else diff[:, None]
+    n, m = grid.shape
+    rows = rng.integers(0, n, size=(resamples, n))
+    counts = np.ones((resamples, m))
+    if m > 1 and both_axes:
+        counts = np.stack([np.bincount(c, minlength=m) for c in rng.integers(0, m, size=(resamples, m))]).astype(float)
+    finite = np.isfinite(grid)
+    values = np.where(finite, grid, 0.0)
+    total = np.einsum("brm,bm->b", values[rows], counts)
+    weight = np.einsum("brm,bm->b", finite[rows].astype(float), counts)
+    return np.divide(total, weight, out=np.full(resamples, math.nan), where=weight > 0)
+
+
+def paired_bootstrap(diff: Sequence[float] | np.ndarray, *, resamples: int = 2000, level: float = 0.95,
+                     seed: int | np.random.Generator = 0, both_axes: bool = True) -> dict[str, float | list[float]]:
+    """Mean of paired differences with its percentile bootstrap interval.
+
+    ``diff`` as :func:`bootstrap_means` takes it: ``(n,)`` per unit (the interval resamples
+    the units) or ``(n, m)`` (it resamples rows and, with ``both_axes``, columns). Returns
+    ``{"mean", "ci95": [lo, hi], "resampled": "rows" | "rows and columns", "n": n}``; the key
+    is ``ci95`` whatever ``level`` is asked (the level is in ``"level"``).
+    """
+    diff = np.asarray(diff, dtype=np.float64)
+    draws = bootstrap_means(diff, resamples=resamples, seed=seed, both_axes=both_axes)
+    lo, hi = interval(draws, level)
+    axes = "rows and columns" if diff.ndim == 2 and diff.shape[1] > 1 and both_axes else "rows"
+    return {"mean": float(np.nanmean(diff)), "ci95": [lo, hi], "level": level, "resampled": axes,
+            "n": int(diff.shape[0])}
+
+
+def simultaneous_lower_bounds(gains: np.ndarray, *, resamples: int = 2000, level: float = 0.95,
+                              seed: int | np.random.Generator = 0) -> tuple[np.ndarray, np.ndarray]:
+    """One-sided lower bounds on several paired mean gains at once, valid together.
+
+    ``gains``: ``(a, n)``, row ``j`` the per-example gain of alternative ``j`` over a reference
+    (e.g. correct minus the reference's correct). Each bootstrap draw resamples the ``n``
+    examples (the same draw for every row) and takes ``max_j (mean*_j - mean_j)``; ``c`` is
+    that maximum's ``level`` quantile, and every lower bound is ``mean_j - c``. With
+    probability about ``level`` all true gains lie above their bounds, so picking the best
+    alternative *after* looking (the largest ``mean_j``) and requiring its bound above 0 keeps
+    the chance of replacing an equally good reference near ``1 - level`` (bootstrap the maximum).
+    Returns ``(means (a,), lower (a,))``.
+    """
+    gains = np.asarray(gains, dtype=np.float64)
+    if gains.ndim != 2 or not gains.size:
+        raise ValueError(f"simultaneous_lower_bounds needs (alternatives, examples) gains, got {gains.shape}")
+    if not 0 < level < 1:
+        raise ValueError(f"level={level}: expected a coverage between 0 and 1")
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    means = gains.mean(1)
+    n = gains.shape[1]
+    idx = rng.integers(0, n, size=(resamples, n))
+    excess = np.stack([gains[:, i].mean(1) for i in idx]) - means  # (resamples, a)
+    c = float(np.quantile(excess.max(1), level))
+    return means, means - c
+
+
 COMPARATORS = ("control", "window", "streaming", "lm-infinite")  # paths a trained compressor is judged against
 
 
