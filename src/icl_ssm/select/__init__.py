@@ -4,4 +4,4 @@ evaluators, Algorithm 2 (:mod:`.affinity`) and one module per baseline.
 
 Importing this package registers every selector."""
 
-from icl_ssm.select import affinity, bm25, bridge, gradce, random_k, topk  # noqa: F401  (each module registers its selector)
+from icl_ssm.select import affinity, bm25, bridge, gradce, random_k, search, topk  # noqa: F401  (each module registers its selector)

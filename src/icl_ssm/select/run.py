@@ -46,6 +46,7 @@ from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.evaluators import RELIABILITY_TARGET, CacheEvaluator
 from icl_ssm.select.per_query import PER_QUERY_METHODS, per_query_selection
+from icl_ssm.select.search import SCREENS, PromptSearch
 
 EVALUATORS = ("compressed", "dense", "dense-per-query")
 EVALUATED = ("affinity", "bridge")  # the methods that score subsets with an evaluator (--evaluator)
@@ -112,6 +113,10 @@ class SelectConfig:
     test_orders: int = 0  # further random orders of the chosen set scored on the test split (order-averaged)
     budget: float | None = None  # minutes: affinity sizes queries (up to `queries`) and subsets to the target
     target_reliability: float = RELIABILITY_TARGET  # with a budget: split-half reliability aimed at
+    search_minutes: float = 2.0  # --method search: wall time of screen + confirm + order
+    screen: str = "compressed"  # --method search: the screen's caches (compressed, dense) or none (random search)
+    screen_queries: int = 32  # --method search: label-balanced validation queries of the screen
+    confirm_queries: int = 64  # --method search: validation queries of the last successive-halving rung
     chat: bool = False
     task_options: dict[str, Any] = field(default_factory=dict)  # get_task's options (-o KEY=VALUE, --skip-empty)
 
@@ -129,6 +134,9 @@ class SelectConfig:
                              "then random orders)")
         if self.loss not in LOSSES:
             raise ValueError(f"--loss {self.loss!r}; accepted: {', '.join(LOSSES)}")
+        if self.method == "search" and self.screen == "compressed" and not self.compressor:
+            raise ValueError("--method search --screen compressed needs --compressor DIR; --screen dense or "
+                             "--screen none search without one")
         if self.method in EVALUATED and self.evaluator == "compressed" and not self.compressor:
             shipped = find_pretrained(self.model, self.task, self.k)
             where = (f"the one shipped for them is {shipped / 'compressor'}" if shipped else
@@ -153,9 +161,24 @@ class SelectConfig:
             raise ValueError(f"--test-orders {self.test_orders}: expected >= 0 further orders")
         if self.test_size is not None and self.test_size < 1:
             raise ValueError(f"--test-size {self.test_size}: expected >= 1")
+        if not self.search_minutes > 0:
+            raise ValueError(f"--search-minutes {self.search_minutes}: expected a positive number of minutes")
+        if self.screen not in SCREENS:
+            raise ValueError(f"--screen {self.screen!r}; accepted: {', '.join(SCREENS)}")
+        if min(self.screen_queries, self.confirm_queries) < 1:
+            raise ValueError(f"--screen-queries {self.screen_queries}, --confirm-queries {self.confirm_queries}: "
+                             "expected >= 1")
         if self.stratify and self.method != "affinity":
             raise ValueError(f"--stratify draws affinity's subsets with the labels in even shares; --method "
                              f"{self.method!r} samples no subsets (use --per-label to share its places out)")
+
+
+def selection_queries(cfg: SelectConfig) -> int:
+    """The validation queries a selection reads: ``cfg.queries``, or for the search the larger of
+    its screen's and its last rung's."""
+    if cfg.method == "search":
+        return max(cfg.confirm_queries, cfg.screen_queries if cfg.screen != "none" else 0)
+    return cfg.queries
 
 
 def make_selector(cfg: SelectConfig, model, builder: PromptBuilder, compressor: SSMCompressor | None = None,
@@ -185,17 +208,20 @@ def select_demonstrations(
     cfg.check()
     task = get_task(cfg.task, **cfg.task_options)
     if splits is None:  # a file too small for the default sizes gets splits sized to it (splits.note says so)
-        splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k, min_val_size=cfg.queries)
-    elif cfg.queries > len(splits.validation):
-        raise ValueError(f"--queries {cfg.queries}: task {task.name!r} has only {len(splits.validation)} "
+        splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k,
+                       min_val_size=selection_queries(cfg))
+    elif selection_queries(cfg) > len(splits.validation):
+        raise ValueError(f"--queries {selection_queries(cfg)}: task {task.name!r} has only {len(splits.validation)} "
                          "validation examples; ask for at most that many")
-    validation, test = splits.validation[: cfg.queries], splits.test[: cfg.test_size]
+    validation, test = splits.validation[: selection_queries(cfg)], splits.test[: cfg.test_size]
     task_labels = task.labels if task.kind == "classification" else ()
     notes = [n for n in (splits.note, *task.notes(), label_warning(splits.pool, task_labels)) if n]
     builder = PromptBuilder.for_model(model, tokenizer, task, chat=cfg.chat)
     selector = make_selector(cfg, model, builder, compressor, progress)
     if isinstance(selector, AffinitySelector):
         selector.say, selector.on_total = say, on_start  # a budget's pilot findings, plan and total
+    if isinstance(selector, PromptSearch):
+        selector.say = say
     check_selection_inputs(splits.pool, validation, cfg.k)
     kinds = {e.target for e in splits.pool}
     if (cfg.per_label or cfg.stratify) and len(kinds) > cfg.k:
