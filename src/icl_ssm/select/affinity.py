@@ -21,6 +21,8 @@ from icl_ssm.select.budget import (
     PILOT_QUERIES,
     RELIABILITY_TARGET,
     Reliability,
+    draw_in_blocks,
+    permutation_block,
     plan_budget,
     plan_lines,
     score_split_half,
@@ -169,7 +171,8 @@ class AffinitySelector(Selector):
         losses, cost, tokens = result.losses, result.cost, result.tokens
         scores, _ = self.estimate(subsets, losses, n)
         half = split_half(result)
-        scores_half = Reliability(half, score_split_half(subsets, losses, n, self.estimate)).as_dict()
+        block = permutation_block(n, k, labels if self.stratify else None)
+        scores_half = Reliability(half, score_split_half(subsets, losses, n, self.estimate, block)).as_dict()
         queries = result.query_losses.shape[1] if result.query_losses is not None else 0
         unseen = np.flatnonzero(~np.isfinite(scores)).tolist()
         counts = indicator(subsets, n).sum(0)
@@ -199,16 +202,21 @@ class AffinitySelector(Selector):
 
     def _budgeted(self, pool, validation, k, rng, labels) -> tuple[list[list[int]], SubsetLosses, dict]:
         """Pilot round, plan (:func:`~icl_ssm.select.budget.plan_budget`), main round; the pilot's
-        subsets are kept (and re-scored when the main round asks more queries)."""
+        subsets are kept (and re-scored when the main round asks more queries).
+
+        The pilot is drawn a permutation block at a time (:func:`~icl_ssm.select.budget.draw_in_blocks`),
+        at least two blocks, so that each half of its score split-half holds every candidate."""
         n = len(pool)
         q0 = min(self.pilot_queries, len(validation))
         if q0 < 2:
             raise ValueError(f"a budget needs at least 2 validation queries for its pilot; got {len(validation)}")
         t0 = time.perf_counter()
-        subsets = self._sample(labels, k, self.pilot_size(n, k), rng)
+        block = permutation_block(n, k, labels if self.stratify else None)
+        subsets = draw_in_blocks(lambda m: self._sample(labels, k, m, rng), max(self.pilot_size(n, k), 2 * block),
+                                 block)
         pilot = self._evaluate(pool, validation[:q0], subsets)
         seconds = pilot.cost.seconds or time.perf_counter() - t0  # the evaluator's own clock where it keeps one
-        measured = Reliability(split_half(pilot), score_split_half(subsets, pilot.losses, n, self.estimate))
+        measured = Reliability.measure(pilot, subsets, n, self.estimate, block)
         need = math.ceil(max(self.coverage, 1) * n / k)
         plan = plan_budget(pilot_subsets=len(subsets), pilot_queries=q0, pilot_seconds=seconds,
                            reliability=measured, max_queries=len(validation), min_subsets=need,
@@ -229,7 +237,7 @@ class AffinitySelector(Selector):
             result.cost = Cost(result.cost.flops + pilot.cost.flops, result.cost.seconds + pilot.cost.seconds)
             result.tokens += pilot.tokens
         subsets = subsets + more
-        reached = Reliability(split_half(result), score_split_half(subsets, result.losses, n, self.estimate))
+        reached = Reliability.measure(result, subsets, n, self.estimate, block)
         record.update(reached=reached.as_dict(), queries=plan.queries, subsets=len(subsets),
                       seconds=time.perf_counter() - t0)
         if self.say is not None:
