@@ -158,3 +158,32 @@ def test_bad_input_is_refused_with_the_numbers():
         search.select(pool, validation_of(10), 10, np.random.default_rng(0))
     with pytest.raises(ValueError, match="budget=-1"):
         make_search(-1.0)
+
+
+def planted_runs(gains: dict[str, float], n: int = 200, seeds=(0, 1, 2), budget: float = 6.0) -> list[dict]:
+    """(task, seed) runs of every arm; an arm of gain g answers (0.6 + g) n of n test examples right,
+    the first ones, so its answers nest inside the better arms'."""
+    runs = []
+    for task in ("rotten_tomatoes", "cr"):
+        for seed in seeds:
+            for arm, gain in gains.items():
+                right = round((0.6 + gain) * n)
+                runs.append({"budget": budget, "task": task, "seed": seed, "arm": arm,
+                             "test_accuracy": right / n, "correct": [1] * right + [0] * (n - right),
+                             "wall_seconds": 60 * budget})
+    return runs
+
+
+def test_the_equal_time_rule_takes_the_best_arm_only_when_it_is_shown_better_than_no_screen():
+    from icl_ssm.bench.search import search_markdown, summarize
+
+    clear = summarize(planted_runs({"compressed": 0.10, "control": 0.02, "none": 0.0, "dense": 0.05}))
+    assert clear["decision"]["default_screen"] == "compressed"
+    table = clear["budgets"]["6.0"]
+    assert table["compressed"]["vs_cheapest"]["mean"] == pytest.approx(0.10)
+    assert table["compressed"]["vs_cheapest"]["ci95"][0] > 0 and "vs_cheapest" not in table["none"]
+    close = summarize(planted_runs({"compressed": 0.005, "none": 0.0}, n=40)
+                      + [{**r, "correct": r["correct"][::-1]} for r in planted_runs({"compressed": 0.0}, n=40,
+                                                                                       seeds=(7,))])
+    assert close["decision"]["default_screen"] == "none" and "containing 0" in close["decision"]["why"]
+    assert "| 6.0 | compressed |" in search_markdown(clear) and "**compressed**" in search_markdown(clear)

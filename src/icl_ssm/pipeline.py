@@ -7,9 +7,13 @@ that produced it, so a rerun skips what is already done and an interrupted run c
    else the compressor shipped with the package for this model and task; else a short
    ``icl-ssm distill`` into ``OUT/compressor`` (resumed if interrupted);
 2. ``fidelity`` - ``icl-ssm fidelity`` on held-out subsets, with the shipped control when there is one;
-3. ``select-<method>`` - ``affinity`` on compressed caches, the baselines, and (``--dense-evaluator``)
-   affinity on dense caches for the cost and quality comparison; each evaluated on the test split;
-4. ``report`` - ``report.md``, ``report.json``, plots, ``selected.jsonl`` and ``prompt.txt``.
+3. ``select-<method>`` - the prompt search (``search``: screen, dense confirmation, order;
+   :mod:`icl_ssm.select.search`), ``affinity`` on compressed caches, the baselines, and
+   (``--dense-evaluator``) affinity on dense caches for the cost and quality comparison; each
+   evaluated on the test split. The search runs last and screens the other methods' picks too;
+4. ``check`` - every pick, zero-shot and random prompts on held-out examples, and the prompt to
+   hand over (:mod:`icl_ssm.select.check`);
+5. ``report`` - ``report.md``, ``report.json``, plots, ``selected.jsonl`` and ``prompt.txt``.
 """
 
 from __future__ import annotations
@@ -37,12 +41,13 @@ from icl_ssm.evaluate.gate import GATE_EVALUATORS, fidelity_gate
 from icl_ssm.lm.models import DEFAULT_MODEL, load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.base import SELECTORS
-from icl_ssm.select.check import check_prompts, hand_over
+from icl_ssm.select.check import ZERO_SHOT, check_prompts, hand_over
 from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.evaluators import RELIABILITY_TARGET
 from icl_ssm.select.run import EVALUATED, SelectConfig, select_demonstrations, selected_rows
 
-DEFAULT_METHODS = ("affinity", "random", "bm25", "topk")
+DEFAULT_METHODS = ("search", "affinity", "random", "bm25", "topk")
+SEARCH_SCREENS = ("auto", "compressed", "dense", "none")  # auto: compressed unless the fidelity verdict is dense
 _RECIPE = DistillConfig()  # the compressor shape distilled when none is shipped: the measured recipe's
 
 
@@ -81,8 +86,12 @@ class RunConfig:
     equal_cost: bool = True  # with dense_evaluator: affinity on compressed caches given the dense run's time
     evaluator: str = "auto"  # affinity: auto (compressed unless its fidelity check fails), compressed or dense
     max_accuracy_drop: float = 0.05  # the fidelity check: accuracy the compressed caches may lose to the dense prompt
-    check_size: int = 64  # held-out validation examples the check scores every prompt on
-    random_prompts: int = 8  # random k-prompts the chosen prompt is checked against
+    search_minutes: float = 2.0  # the prompt search's wall time (screen + confirm + order)
+    screen: str = "auto"  # the search's screen: SEARCH_SCREENS
+    screen_queries: int = 32  # label-balanced validation queries of the screen
+    confirm_queries: int = 64  # validation queries of the search's last successive-halving rung
+    check_size: int = 256  # held-out validation examples the check scores every prompt on
+    random_prompts: int = 16  # random k-prompts the chosen prompt is checked against
     keep_selection: bool = False  # hand over the method's pick even when it does not beat random prompts
     fidelity_subsets: int = 30
     fidelity_queries: int = 4
@@ -102,6 +111,10 @@ class RunConfig:
             raise ValueError(f"--evaluator {self.evaluator!r}; accepted: {', '.join(GATE_EVALUATORS)}")
         if not 0 <= self.max_accuracy_drop < 1:
             raise ValueError(f"--max-accuracy-drop {self.max_accuracy_drop}: expected a share in [0, 1)")
+        if self.screen not in SEARCH_SCREENS:
+            raise ValueError(f"--screen {self.screen!r}; accepted: {', '.join(SEARCH_SCREENS)}")
+        if not self.search_minutes > 0:
+            raise ValueError(f"--search-minutes {self.search_minutes}: expected a positive number of minutes")
         if self.fidelity_subsets < 2:
             raise ValueError(f"--fidelity-subsets {self.fidelity_subsets}: a rank correlation needs >= 2 subsets")
 
@@ -196,7 +209,8 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
     cfg.check()
     out = atomic.prepare_dir(out)
     task = get_task(cfg.task, **cfg.task_options)
-    splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k, min_val_size=cfg.queries)
+    splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k,
+                   min_val_size=held_out_start(cfg) + cfg.check_size)
     for note in (splits.note, *task.notes(), label_warning(splits.pool, task.labels if task.kind == "classification"
                                                                   else ())):
         if note:
@@ -229,12 +243,18 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
                         pool_size=cfg.pool_size, seed=cfg.seed, batch=cfg.batch, query_batch=cfg.query_batch,
                         per_label=cfg.per_label, order=cfg.order, task_options=cfg.task_options,
                         budget=cfg.budget, target_reliability=cfg.target_reliability, test_orders=cfg.test_orders)
-    runs = [(m, replace(base, method=m, stratify=cfg.stratify and m == "affinity")) for m in cfg.methods]
+    runs = [(m, replace(base, method=m, stratify=cfg.stratify and m == "affinity")) for m in cfg.methods
+            if m != "search"]
     runs = [(m, replace(s, evaluator=gate["evaluator"]) if m in EVALUATED else s) for m, s in runs]  # affinity, bridge
     if cfg.dense_evaluator and "affinity" in cfg.methods and gate["evaluator"] == "compressed":
-        runs.insert(1, ("affinity-dense", replace(base, method="affinity", evaluator="dense", stratify=cfg.stratify)))
+        at = next(i for i, (m, _) in enumerate(runs) if m == "affinity") + 1
+        runs.insert(at, ("affinity-dense", replace(base, method="affinity", evaluator="dense", stratify=cfg.stratify)))
     selections: dict[str, dict] = {}
+    if "search" in cfg.methods:  # last: the other methods' picks are among the prompts it screens
+        runs.append(("search", None))
     for name, scfg in runs:
+        if name == "search":
+            scfg = search_config(cfg, base, gate, selections)
         key = _key([asdict(scfg), comp["compressor"]])
         result = stages.get(f"select-{name}", key)
         if result is None:
@@ -252,6 +272,27 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
                                                              splits, model, tokenizer, compressor, comp)
     check = check_stage(cfg, stages, selections, splits, model, tokenizer)
     return write_outputs(cfg, out, comp, fidelity, selections, splits, model, tokenizer, check, gate)
+
+
+def held_out_start(cfg: RunConfig) -> int:
+    """Validation examples the selection methods read (the first ones); the check's come after."""
+    search = max(cfg.confirm_queries, cfg.screen_queries) if "search" in cfg.methods else 0
+    return max(cfg.queries, search)
+
+
+def search_config(cfg: RunConfig, base: SelectConfig, verdict: dict, selections: dict[str, dict]) -> SelectConfig:
+    """The prompt search's settings: its screen (``auto``: the compressed caches where the fidelity
+    verdict trusts them, else none, i.e. random search into the dense confirmation) and the other
+    methods' picks as seeds."""
+    screen = cfg.screen
+    if screen == "auto":
+        screen = "compressed" if verdict["evaluator"] == "compressed" else "none"
+        passed = "passed" if screen == "compressed" else "failed"
+        say(f"search: screen {screen} (the compressed caches {passed} their fidelity check; --screen chooses)")
+    seeds = {name: list(s["indices"]) for name, s in selections.items() if s.get("indices")}
+    return replace(base, method="search", screen=screen, search_minutes=cfg.search_minutes,
+                   screen_queries=cfg.screen_queries, confirm_queries=cfg.confirm_queries, seeds=seeds,
+                   test_orders=cfg.test_orders)
 
 
 def equal_cost_stage(cfg: RunConfig, stages: Stages, base: SelectConfig, dense: dict, splits: Splits, model,
@@ -300,41 +341,57 @@ def choose_evaluator(cfg: RunConfig, fidelity: dict) -> dict:
 
 def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], splits: Splits, model,
                 tokenizer) -> dict:
-    """Every method's pick, zero-shot and ``cfg.random_prompts`` random prompts on held-out
-    validation examples (those after the ``cfg.queries`` selection used), then which prompt to
-    hand over and why (:func:`~icl_ssm.select.check.hand_over`); also the zero-shot test accuracy."""
+    """Every method's pick, zero-shot and ``cfg.random_prompts`` random prompts (drawn under the
+    run's ``--per-label`` and ``--order`` rules) on held-out validation examples (those after the
+    ones selection read), then which prompt to hand over and why
+    (:func:`~icl_ssm.select.check.hand_over`); also the test accuracy of zero-shot and of every
+    random prompt (the spread a user would meet without selection)."""
     candidates = {name: s["indices"] for name, s in selections.items()}
-    key = _key([candidates, asdict(cfg)])
+    key = _key([candidates, asdict(cfg), "check-v2"])
     done = stages.get("check", key)
     if done is not None:
         say("check: done before, skipped")
         return done
-    builder = PromptBuilder.for_model(model, tokenizer, get_task(cfg.task, **cfg.task_options))
+    task = get_task(cfg.task, **cfg.task_options)
+    builder = PromptBuilder.for_model(model, tokenizer, task)
     test = splits.test[: cfg.test_size]
     zero = evaluate_selection(model, builder, [], test, query_batch=cfg.query_batch)["accuracy"]
-    held_out = splits.validation[cfg.queries: cfg.queries + cfg.check_size]
+    start = held_out_start(cfg)
+    held_out = splits.validation[start: start + cfg.check_size]
     if not held_out:
-        say(f"warning: no validation examples are left after the {cfg.queries} selection used, so the chosen "
+        say(f"warning: no validation examples are left after the {start} selection read, so the chosen "
             "prompt is not checked against random prompts; use a larger file or fewer --queries")
         return stages.put("check", key, {"skipped": True, "zero_shot_test_accuracy": zero, "test_size": len(test)})
+    if len(held_out) < cfg.check_size:
+        say(f"warning: only {len(held_out)} validation examples are left for the check (--check-size "
+            f"{cfg.check_size}); it can tell only large differences apart")
+    labels = [e.target for e in splits.pool] if cfg.per_label else None
     result = check_prompts(model, builder, splits.pool, held_out, candidates, cfg.k,
                            np.random.default_rng([cfg.seed, 1]), random_count=cfg.random_prompts,
-                           query_batch=cfg.query_batch)
-    preferred = "affinity" if "affinity" in candidates else next(iter(candidates))
-    name, indices, reason = hand_over(result, preferred, keep=cfg.keep_selection)
+                           query_batch=cfg.query_batch, labels=labels, order=cfg.order)
+    preferred = next((m for m in ("search", "affinity") if m in candidates), next(iter(candidates)))
+    handed = hand_over(result, preferred, keep=cfg.keep_selection)
+    for row in result["random"]:  # the spread a user meets without selection, on the test split
+        row["test_accuracy"] = evaluate_selection(model, builder, [splits.pool[i] for i in row["indices"]], test,
+                                                  query_batch=cfg.query_batch)["accuracy"]
+    name = handed["name"]
     if name in selections:
-        test_accuracy = selections[name]["test_accuracy"]
-    else:  # a random prompt won the check: score it on the test split too
-        test_accuracy = evaluate_selection(model, builder, [splits.pool[i] for i in indices], test,
-                                           query_batch=cfg.query_batch)["accuracy"]
-    beats = result["prompts"][preferred]["accuracy"] > result["random_median"]
-    shown = beats and result["prompts"][preferred]["vs_median_interval"][0] > 0  # by more than the check can tell
-    handed = {"name": name, "indices": indices, "reason": reason, "beats_random": beats, "shown_better": shown,
-              "test_accuracy": test_accuracy}
+        handed["test_accuracy"] = selections[name]["test_accuracy"]
+    elif name == ZERO_SHOT:
+        handed["test_accuracy"] = zero
+    else:
+        handed["test_accuracy"] = result["random"][int(name.split("-")[1])]["test_accuracy"]
+    if handed["zero_shot_best"]:
+        say("warning: the zero-shot prompt scored above every k-shot prompt checked; demonstrations may not help "
+            "this model on this task")
     return stages.put("check", key, {**result, "preferred": preferred, "handed_over": handed,
-                                     "zero_shot_test_accuracy": zero, "test_size": len(test)})
+                                     "zero_shot_test_accuracy": zero, "test_size": len(test),
+                                     "held_out": [start, start + len(held_out)]})
 
 
+_SEARCH_KEYS = ("screen", "plan", "budget_seconds", "wall_seconds", "phases", "screened", "sources",
+                "screen_queries", "confirm_queries", "screen_split_half", "screen_reliability",
+                "screen_vs_confirm_spearman", "rungs", "winner_source", "winner_confirm_loss", "order_search")
 _ROW_KEYS = ("method", "evaluator", "test_accuracy", "flops", "wall_seconds", "subsets", "indices", "labels",
              "test_size", "test_accuracy_orders", "test_accuracy_order_mean", "test_accuracy_std", "reliability",
              "queries_used", "validation_size", "score_reliability")
@@ -346,38 +403,45 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selecti
     check against random prompts, else the best-checked prompt) and the report."""
     from icl_ssm.report import write_report
 
-    chosen = selections.get("affinity") or next(iter(selections.values()))
     pool = splits.pool
-    handed = (check or {}).get("handed_over") or {"name": chosen["method"], "indices": chosen["indices"]}
-    scores = chosen.get("scores") if handed["indices"] == chosen["indices"] else None
+    preferred = (check or {}).get("preferred") or next((m for m in ("search", "affinity") if m in selections),
+                                                       next(iter(selections)))
+    pick = selections[preferred]
+    handed = (check or {}).get("handed_over") or {"name": preferred, "indices": pick["indices"]}
+    scores = pick.get("scores") if handed["indices"] == pick["indices"] else None
     scores = scores or [None] * len(pool)
     atomic.write_jsonl(out / "selected.jsonl", selected_rows(pool, handed["indices"], scores))
     builder = PromptBuilder.for_model(model, tokenizer, get_task(cfg.task, **cfg.task_options))
     atomic.write_text(out / "prompt.txt", builder.build_prefix([pool[i] for i in handed["indices"]]).text)
     dense = selections.get("affinity-dense")
-    titles = {"affinity-dense": "affinity (dense)", "affinity-equal-cost": "affinity (dense's time)"}
+    titles = {"affinity-dense": "affinity (dense)", "affinity-equal-cost": "affinity (dense's time)",
+              "search": "search (whole prompts)"}
+    first = ["search", "affinity", "affinity-dense", "affinity-equal-cost"]
     rows = []
-    for name in ["affinity", "affinity-dense", "affinity-equal-cost"] + [n for n in selections if n not in titles
-                                                                         and n != "affinity"]:
+    for name in first + [n for n in selections if n not in first]:
         if name not in selections:
             continue
         s = selections[name]
-        row = {key: s.get(key) for key in _ROW_KEYS} | {"method": titles.get(name, s.get("method"))}
+        row = {key: s.get(key) for key in _ROW_KEYS} | {"method": titles.get(name, s.get("method")), "name": name}
         if name == "affinity" and dense is not None:
             row.update(dense_flops=dense["flops"], dense_wall_seconds=dense["wall_seconds"],
                        dense_test_accuracy=dense["test_accuracy"])
         rows.append(row)
     if check and check.get("zero_shot_test_accuracy") is not None:  # what the prompt is measured against
-        rows.append({"method": "zero-shot", "evaluator": None, "test_accuracy": check["zero_shot_test_accuracy"],
-                     "test_size": check.get("test_size"), "flops": 0, "wall_seconds": None, "indices": []})
+        rows.append({"method": "zero-shot", "name": ZERO_SHOT, "evaluator": None,
+                     "test_accuracy": check["zero_shot_test_accuracy"], "test_size": check.get("test_size"),
+                     "flops": 0, "wall_seconds": None, "indices": []})
+    search = selections.get("search")
     report = {
         "model": cfg.model, "task": cfg.task, "k": cfg.k, "seed": cfg.seed,
         "compressor": comp, "fidelity": {k: v for k, v in fidelity.items() if k not in ("config", "argv")},
         "selections": rows,
         "affinity_scores": selections["affinity"]["scores"] if "affinity" in selections else None,
-        "selected": chosen["indices"], "prompt_file": "prompt.txt", "selected_file": "selected.jsonl",
+        "picks": {name: s["indices"] for name, s in selections.items()}, "preferred": preferred,
+        "prompt_file": "prompt.txt", "selected_file": "selected.jsonl",
         "pool_size": len(pool), "run_config": asdict(cfg), "check": check, "handed_over": handed,
-        "gate": gate,
+        "fidelity_verdict": gate,
+        "search": None if search is None else {key: search.get(key) for key in _SEARCH_KEYS},
     }
     write_report(out, report)
     return report

@@ -280,11 +280,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--tasks", nargs="+", default=["rotten_tomatoes", "cr", "coin_flip"])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    p.add_argument("--random", type=int, default=8, help="random prompts scored on each test split")
+    p.add_argument("--random", type=int, default=16,
+                   help="plain random prompts, and as many label-balanced ones, scored on each test split")
     p.add_argument("--out", default="runs/trust", help="one run directory per task and seed, trust.json, trust.md")
+    p.add_argument("--records", default=None,
+                   help="directory for one JSON record per run (default OUT/records; published runs: docs/results/...)")
+    p.add_argument("--test-size", type=int, default=RunConfig.test_size, help="test examples per run")
     p.add_argument("--model", default=RunConfig.model)
     p.add_argument("--k", type=int, default=RunConfig.k)
     p.set_defaults(func=_run_trust)
+    p = kinds.add_parser(
+        "search",
+        help="the prompt search at equal wall time: compressed, control, dense or no screen before the dense confirm",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--tasks", nargs="+", default=["rotten_tomatoes", "cr"])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--budgets", type=float, nargs="+", default=[2.0, 6.0], help="minutes per search")
+    p.add_argument("--arms", nargs="+", default=["compressed", "control", "none", "dense"])
+    p.add_argument("--test-size", type=int, default=400)
+    p.add_argument("--model", default=RunConfig.model)
+    p.add_argument("--k", type=int, default=RunConfig.k)
+    p.add_argument("--out", default="runs/search", help="runs.jsonl (a line per finished run), search.json, search.md")
+    p.set_defaults(func=_run_search)
     from icl_ssm.cli.bench_select import add_kinds
 
     add_kinds(kinds)
@@ -339,11 +357,21 @@ def _run_length(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_search(args: argparse.Namespace) -> int:
+    from icl_ssm.bench.search import run_search_bench
+    from icl_ssm.pipeline import say
+
+    result = run_search_bench(args.tasks, args.seeds, args.budgets, args.out, model_name=args.model, k=args.k,
+                              arms=args.arms, test_size=args.test_size, say=say)
+    print(json.dumps(result["summary"]["decision"]))
+    return 0
+
+
 def _run_trust(args: argparse.Namespace) -> int:
     from icl_ssm.bench.trust import run_trust
     from icl_ssm.pipeline import say
 
-    result = run_trust(args.tasks, args.seeds, args.out, random=args.random,
-                       base=RunConfig(model=args.model, k=args.k), say=say)
+    result = run_trust(args.tasks, args.seeds, args.out, random=args.random, records=args.records,
+                       base=RunConfig(model=args.model, k=args.k, test_size=args.test_size), say=say)
     print(json.dumps(result["summary"]))
     return 0

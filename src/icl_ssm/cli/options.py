@@ -87,6 +87,21 @@ def add_budget_flags(p: argparse.ArgumentParser, defaults: Any) -> None:
                         "candidates' scores aimed at")
 
 
+def add_search_flags(p: argparse.ArgumentParser, defaults: Any, screens: tuple[str, ...]) -> None:
+    """``--search-minutes``, ``--screen``, ``--screen-queries`` and ``--confirm-queries`` of the
+    prompt search (:mod:`icl_ssm.select.search`) with ``defaults``' values."""
+    p.add_argument("--search-minutes", type=float, default=defaults.search_minutes,
+                   help="the prompt search's wall time: screen, dense confirmation and order search together")
+    p.add_argument("--screen", default=defaults.screen, choices=screens,
+                   help="the search's cheap screen: compressed caches, dense ones, or none (random prompts straight "
+                        "into the dense confirmation)" + ("; auto: compressed unless they fail their fidelity check"
+                                                           if "auto" in screens else ""))
+    p.add_argument("--screen-queries", type=int, default=defaults.screen_queries,
+                   help="label-balanced validation queries every screened prompt is scored on")
+    p.add_argument("--confirm-queries", type=int, default=defaults.confirm_queries,
+                   help="validation queries of the last successive-halving rung of the dense confirmation")
+
+
 def add_recipe_flag(p: argparse.ArgumentParser) -> None:
     """``--recipe measured|paper``: the selection settings of the flags not given."""
     from icl_ssm.select.run import SELECT_RECIPES

@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from icl_ssm.cli.options import add_budget_flags, add_recipe_flag, add_target, task_options
+from icl_ssm.cli.options import add_budget_flags, add_recipe_flag, add_search_flags, add_target, task_options
 from icl_ssm.evaluate.gate import GATE_EVALUATORS
-from icl_ssm.pipeline import RunConfig, run_pipeline, say
-from icl_ssm.report import check_lines, gate_lines
+from icl_ssm.pipeline import SEARCH_SCREENS, RunConfig, run_pipeline, say
+from icl_ssm.report import check_lines, verdict_lines
 from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.run import ORDERS, apply_recipe, given_flags
 
@@ -20,7 +20,7 @@ def _main(args: argparse.Namespace) -> int:
     cfg = apply_recipe(cfg, args.recipe, given_flags(getattr(args, "argv", None)))
     cfg.methods = tuple(cfg.methods)
     report = run_pipeline(cfg, args.out)
-    for line in gate_lines(report) + check_lines(report):
+    for line in verdict_lines(report) + check_lines(report):
         say(line)
     say(f"prompt: {Path(args.out) / 'prompt.txt'}; report: {Path(args.out) / 'report.md'}")
     print(Path(args.out) / "report.md")
@@ -46,6 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="when distilling: gated virtual tokens beside the exact recent tokens")
     p.add_argument("--pool-size", type=int, default=d.pool_size, help="candidates to select from")
     add_budget_flags(p, d)
+    add_search_flags(p, d, SEARCH_SCREENS)
     p.add_argument("--test-size", type=int, default=d.test_size, help="test examples per evaluation")
     p.add_argument("--test-orders", type=int, default=d.test_orders,
                    help="further random orders of every chosen set scored on the test split (order-averaged)")
@@ -76,7 +77,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--random-prompts", type=int, default=d.random_prompts,
                    help="random prompts of the same size the pick is checked against")
     p.add_argument("--keep-selection", action="store_true",
-                   help="hand over the method's pick even when it does not beat the median random prompt")
+                   help="hand over the search's (else affinity's) pick even when another checked prompt beats it")
     p.add_argument("--fidelity-subsets", type=int, default=d.fidelity_subsets)
     p.add_argument("--fidelity-queries", type=int, default=d.fidelity_queries)
     p.add_argument("--batch", type=int, default=d.batch, help="subsets encoded together")

@@ -9,7 +9,7 @@ import sys
 from dataclasses import asdict, fields
 
 from icl_ssm import atomic
-from icl_ssm.cli.options import add_budget_flags, add_recipe_flag, add_target, task_options
+from icl_ssm.cli.options import add_budget_flags, add_recipe_flag, add_search_flags, add_target, task_options
 from icl_ssm.compress.compressor import load_compressor
 from icl_ssm.data.tasks import get_task
 from icl_ssm.evaluate.answers import LOSSES
@@ -18,7 +18,6 @@ from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.base import SELECTORS
 from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.run import (
-    EVALUATED,
     EVALUATORS,
     ORDERS,
     SelectConfig,
@@ -28,14 +27,16 @@ from icl_ssm.select.run import (
     reliability_lines,
     select_demonstrations,
     select_per_query,
+    uses_compressor,
     with_shipped_compressor,
     write_selection,
 )
+from icl_ssm.select.search import SCREENS
 
 
 def _main(args: argparse.Namespace) -> int:
     args.task_options = task_options(args)
-    cfg = SelectConfig(**{f.name: getattr(args, f.name) for f in fields(SelectConfig)})
+    cfg = SelectConfig(**{f.name: getattr(args, f.name) for f in fields(SelectConfig) if hasattr(args, f.name)})
     cfg = with_shipped_compressor(apply_recipe(cfg, args.recipe, given_flags(getattr(args, "argv", None))))
     cfg.check()
     out = atomic.prepare_dir(args.out) if args.out else None
@@ -50,7 +51,7 @@ def _main(args: argparse.Namespace) -> int:
     main = state.is_main_process
     model, tokenizer = load_model(cfg.model, device=state.device)
     compressor = None
-    if cfg.method in EVALUATED and cfg.evaluator == "compressed":
+    if uses_compressor(cfg):
         compressor = load_compressor(cfg.compressor, model.config).to(state.device)
     stderr = Console(stderr=True)
     with Progress(TextColumn(f"select {cfg.method}"), BarColumn(), MofNCompleteColumn(), TextColumn("subsets"),
@@ -152,6 +153,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "with the lowest dense validation loss)")
     p.add_argument("--order-candidates", type=int, default=d.order_candidates,
                    help="--order search: score, interleave and this many minus two random orders")
+    add_search_flags(p, d, SCREENS)
     p.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
     p.add_argument("--out", help="directory for selected.jsonl, prompt.txt, summary.json")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")

@@ -1,11 +1,23 @@
-"""The check before a prompt is handed over: every candidate prompt, the zero-shot prompt and
-``R`` random prompts of the same size, scored on held-out examples that selection never saw.
+"""The hand-over check: before a prompt is handed over, every candidate prompt, the zero-shot prompt
+and ``R`` random prompts of the same size are scored on held-out examples that selection never
+saw, and :func:`hand_over` names the prompt to hand over and why.
 
-A selection is worth handing over only if it beats what a user would otherwise do. On small
-models a prompt's label mix and order can matter more than which demonstrations it holds, so a
-selector's pick can land below a random prompt; :func:`check_prompts` measures where each
-candidate stands among the random prompts, with a paired bootstrap interval over the check
-examples, and :func:`hand_over` names the prompt to hand over and why.
+A selection is worth handing over only if it beats what a user would otherwise do. Two rules keep
+the check honest:
+
+- **no selection bias in a replacement.** The pick (``preferred``) is replaced only when another
+  checked prompt beats it by a one-sided lower bound above 0 that holds *simultaneously* for
+  every alternative (:func:`~icl_ssm.evaluate.stats.simultaneous_lower_bounds`: the maximum is
+  bootstrapped), so looking at all the alternatives and taking the best one does not make a
+  replacement of an equally good pick likely;
+- **the pick is compared with random prompts as a whole**: per check example, the pick's
+  correctness minus the mean correctness of all the random prompts, with a paired bootstrap
+  interval over the examples (``vs_random``), rather than with the one prompt that happens to be
+  the median.
+
+The random prompts are drawn under the same rules as the picks (``labels``: label-balanced;
+``order``: interleaved, or a random order), so that the comparison is with what the user would
+get from the same settings without selection.
 """
 
 from __future__ import annotations
@@ -16,41 +28,48 @@ from typing import Any
 import numpy as np
 
 from icl_ssm.data.tasks import Example
-from icl_ssm.evaluate.stats import wilson_interval
+from icl_ssm.evaluate.stats import paired_bootstrap, simultaneous_lower_bounds, wilson_interval
 from icl_ssm.lm.prompts import PromptBuilder
+from icl_ssm.select.base import arrange
 from icl_ssm.select.evaluate import evaluate_selection
+from icl_ssm.select.sampling import stratified_subsets
 
 ZERO_SHOT = "zero-shot"
+LEVEL = 0.95  # the simultaneous one-sided coverage a replacement needs
 
 
-def random_prompts(pool_size: int, k: int, count: int, rng: np.random.Generator) -> list[list[int]]:
-    """``count`` random prompts: ``k`` distinct pool indices each, in a random order."""
+def random_prompts(pool_size: int, k: int, count: int, rng: np.random.Generator, *,
+                   labels: Sequence[str] | None = None, order: str = "random") -> list[list[int]]:
+    """``count`` random prompts of ``k`` distinct pool indices each.
+
+    ``labels`` (the pool's, one per candidate): every prompt label-balanced
+    (:func:`~icl_ssm.select.sampling.stratified_subsets`), as ``--per-label`` picks are;
+    ``order``: ``"interleave"`` spreads each label over the prompt (``--order interleave``),
+    anything else leaves the random order."""
     if not 1 <= k <= pool_size:
         raise ValueError(f"k={k}: expected 1 <= k <= the pool size {pool_size}")
-    return [rng.permutation(pool_size)[:k].tolist() for _ in range(count)]
-
-
-def paired_bootstrap(diff: np.ndarray, rng: np.random.Generator, draws: int = 2000,
-                     level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of the mean of ``diff`` (per-example paired differences, ``(n,)``)."""
-    diff = np.asarray(diff, dtype=np.float64)
-    idx = rng.integers(0, len(diff), size=(draws, len(diff)))
-    means = diff[idx].mean(1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
+    if labels is None:
+        prompts = [rng.permutation(pool_size)[:k].tolist() for _ in range(count)]
+    else:
+        if len(labels) != pool_size:
+            raise ValueError(f"{len(labels)} labels for a pool of {pool_size}")
+        prompts = [[int(i) for i in p] for p in stratified_subsets(labels, k, count, rng)]
+    if order == "interleave" and labels is not None:
+        prompts = [arrange(p, [labels[i] for i in p], "interleave", rng) for p in prompts]
+    return prompts
 
 
 def check_prompts(model: Any, builder: PromptBuilder, pool: Sequence[Example], check: Sequence[Example],
                   candidates: dict[str, Sequence[int]], k: int, rng: np.random.Generator, *,
-                  random_count: int = 8, query_batch: int = 32) -> dict[str, Any]:
+                  random_count: int = 16, query_batch: int = 32, labels: Sequence[str] | None = None,
+                  order: str = "random") -> dict[str, Any]:
     """Score each candidate prompt (name -> pool indices in prompt order), the zero-shot prompt
-    and ``random_count`` random ``k``-prompts on the ``check`` examples (real, dense prompts).
+    and ``random_count`` random ``k``-prompts (drawn by :func:`random_prompts` with ``labels``
+    and ``order``) on the ``check`` examples with the real, dense prompt.
 
-    Returns ``{"check_size", "random": [{"indices", "accuracy"}...], "random_median",
-    "prompts": {name: row}}``; each row holds ``accuracy``, its Wilson ``interval``, ``correct``
-    (per example, 0/1), and for the candidates and zero-shot: ``beats_random`` (share of the
-    random prompts it scores strictly above), ``vs_median`` (accuracy minus the median random
-    prompt's) and ``vs_median_interval`` (paired bootstrap over the check examples, 95%)."""
+    Returns ``{"check_size", "random": [row...], "random_mean", "random_median",
+    "random_interval", "prompts": {name: row}}`` (:func:`compare_prompts`); every row holds
+    ``indices``, ``accuracy``, its Wilson ``interval`` and ``correct`` (0/1 per example)."""
     if not check:
         raise ValueError("no check examples: the validation split holds nothing that selection did not use")
     if random_count < 1:
@@ -59,60 +78,88 @@ def check_prompts(model: Any, builder: PromptBuilder, pool: Sequence[Example], c
     def score(indices: Sequence[int]) -> dict[str, Any]:
         res = evaluate_selection(model, builder, [pool[i] for i in indices], check, per_query=True,
                                  query_batch=query_batch)
-        correct = np.asarray(res["correct"], dtype=np.float64)
-        lo, hi = wilson_interval(int(correct.sum()), len(correct))
-        return {"indices": list(indices), "accuracy": float(correct.mean()), "interval": [lo, hi],
-                "correct": correct.tolist()}
+        return {"indices": list(indices), "correct": [int(c) for c in res["correct"]]}
 
-    randoms = [score(ix) for ix in random_prompts(len(pool), k, random_count, rng)]
-    accs = np.array([r["accuracy"] for r in randoms])
-    median = int(np.argsort(accs, kind="stable")[len(accs) // 2])  # the (upper) median random prompt
-    median_row, median_acc = np.asarray(randoms[median]["correct"]), float(accs[median])
-    prompts: dict[str, dict[str, Any]] = {}
-    for name, indices in {**candidates, ZERO_SHOT: []}.items():
-        row = score(indices)
-        correct = np.asarray(row["correct"])
+    randoms = [score(ix) for ix in random_prompts(len(pool), k, random_count, rng, labels=labels, order=order)]
+    prompts = {name: score(indices) for name, indices in {**candidates, ZERO_SHOT: []}.items()}
+    return compare_prompts(prompts, randoms)
+
+
+def compare_prompts(prompts: dict[str, dict[str, Any]], randoms: Sequence[dict[str, Any]], *,
+                    seed: int = 0) -> dict[str, Any]:
+    """The check's statistics from per-example correctness (``row["correct"]``, 0/1, the same
+    examples in every row): each row gains ``accuracy`` and its Wilson ``interval``; each named
+    prompt also ``beats_random`` (the share of random prompts it scores strictly above),
+    ``at_or_above`` (how many it scores at or above) and ``vs_random`` (its per-example
+    correctness minus the random prompts' mean correctness on that example:
+    :func:`~icl_ssm.evaluate.stats.paired_bootstrap` over the examples)."""
+    if not randoms:
+        raise ValueError("compare_prompts needs at least one random prompt")
+    grid = np.array([r["correct"] for r in randoms], dtype=np.float64)  # (R, n)
+    n = grid.shape[1]
+    for row in [*randoms, *prompts.values()]:
+        if len(row["correct"]) != n:
+            raise ValueError(f"a checked prompt has {len(row['correct'])} answers, the random ones {n}")
+        row["accuracy"] = float(np.mean(row["correct"]))
+        row["interval"] = list(wilson_interval(int(np.sum(row["correct"])), n))
+    accs = grid.mean(1)
+    random_mean = grid.mean(0)  # (n,) per example
+    for row in prompts.values():
         row["beats_random"] = float((row["accuracy"] > accs).mean())
-        row["vs_median"] = float(row["accuracy"] - median_acc)  # the mean of the paired differences below
-        row["vs_median_interval"] = list(paired_bootstrap(correct - median_row, rng))
-        prompts[name] = row
-    return {"check_size": len(check), "random": randoms, "random_median": median_acc,
-            "random_interval": [float(accs.min()), float(accs.max())], "prompts": prompts}
+        row["at_or_above"] = int((row["accuracy"] >= accs).sum())
+        row["vs_random"] = paired_bootstrap(np.asarray(row["correct"], dtype=np.float64) - random_mean, seed=seed)
+    return {"check_size": n, "random": list(randoms), "random_mean": float(accs.mean()),
+            "random_median": float(np.median(accs)), "random_interval": [float(accs.min()), float(accs.max())],
+            "prompts": prompts}
 
 
-def hand_over(result: dict[str, Any], preferred: str, *, keep: bool = False) -> tuple[str, list[int], str]:
-    """``(name, indices, reason)`` of the prompt to hand over.
+def hand_over(result: dict[str, Any], preferred: str, *, keep: bool = False, level: float = LEVEL,
+              seed: int = 0) -> dict[str, Any]:
+    """The prompt to hand over, and why.
 
-    ``preferred`` (the method's pick) is handed over when it scores above the median random
-    prompt on the check examples, or when ``keep``. Otherwise the best-checked prompt among the
-    candidates and the random prompts replaces it, but only when it beats the pick by a paired
-    bootstrap interval over the check examples that excludes 0: where the check examples cannot
-    tell the two apart (a task on which no prompt does better than another), the pick stays and
-    the reason says so. ``reason`` always says why."""
+    ``preferred`` (the method's pick) stays unless another checked prompt (another pick, a random
+    prompt, or zero-shot) beats it on the check examples by a simultaneous one-sided lower bound
+    above 0 at ``level`` (:func:`~icl_ssm.evaluate.stats.simultaneous_lower_bounds`); then the
+    alternative with the highest accuracy replaces it, unless ``keep``. Returns ``{"name",
+    "indices", "reason", "replaced", "beats_random" (share), "at_or_above", "random_prompts",
+    "vs_random" (the handed-over prompt's, as :func:`compare_prompts` gives it), "shown_better"
+    (its ``vs_random`` interval lies above 0), "zero_shot_best" (zero-shot scores above every
+    k-shot prompt checked)}``."""
     rows = result["prompts"]
     if preferred not in rows:
         raise ValueError(f"preferred={preferred!r}: expected one of the checked prompts {', '.join(rows)}")
     mine = rows[preferred]
-    median = result["random_median"]
-    if mine["accuracy"] > median:
-        return preferred, mine["indices"], (f"{preferred} scored {mine['accuracy']:.3f} on {result['check_size']} "
-                                            f"held-out examples, above the median random prompt's {median:.3f}")
-    if keep:
-        return preferred, mine["indices"], (f"kept as asked although {preferred} scored {mine['accuracy']:.3f}, not "
-                                            f"above the median random prompt's {median:.3f}")
-    options = {name: row for name, row in rows.items() if name != ZERO_SHOT}
+    options = {name: row for name, row in rows.items() if name != preferred}
     options |= {f"random-{i}": row for i, row in enumerate(result["random"])}
-    best = max(options, key=lambda name: options[name]["accuracy"])
-    gain = np.asarray(options[best]["correct"]) - np.asarray(mine["correct"])
-    lo, hi = paired_bootstrap(gain, np.random.default_rng(0))
-    if lo <= 0:
-        return preferred, mine["indices"], (
-            f"{preferred} scored {mine['accuracy']:.3f} on {result['check_size']} held-out examples, not above the "
-            f"median random prompt's {median:.3f}, but no checked prompt beats it by more than those examples can "
-            f"tell (the best, {best}, {options[best]['accuracy']:.3f}: {gain.mean():+.3f} [{lo:+.3f}, {hi:+.3f}], "
-            "paired 95%); kept")
-    return best, options[best]["indices"], (
-        f"{preferred} scored {mine['accuracy']:.3f} on {result['check_size']} held-out examples, not above the "
-        f"median random prompt's {median:.3f}; handing over {best} ({options[best]['accuracy']:.3f}, "
-        f"{gain.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] paired 95%), the best prompt on those examples "
-        "(--keep-selection hands over the method's pick instead)")
+    names = list(options)
+    gains = np.array([options[m]["correct"] for m in names], dtype=np.float64) - np.asarray(mine["correct"], float)
+    means, lower = simultaneous_lower_bounds(gains, level=level, seed=seed)
+    best = int(np.argmax(means))
+    n, total = result["check_size"], len(result["random"])
+    shots = [r["accuracy"] for name, r in rows.items() if name != ZERO_SHOT] + [r["accuracy"] for r in result["random"]]
+    zero_best = ZERO_SHOT in rows and rows[ZERO_SHOT]["accuracy"] > max(shots)
+    where = (f"{preferred} scored {mine['accuracy']:.3f} on {n} held-out examples, at or above "
+             f"{mine['at_or_above']} of {total} random prompts (their mean {result['random_mean']:.3f})")
+    bound = f"{means[best]:+.3f}, simultaneous {level:.0%} lower bound {lower[best]:+.3f}"
+    if lower[best] > 0 and not keep:
+        name = names[best]
+        reason = (f"{where}; {name} beats it by more than the check can tell ({options[name]['accuracy']:.3f}: "
+                  f"{bound}), so {name} is handed over (--keep-selection hands over the pick)")
+        chosen = options[name]
+    else:
+        name, chosen = preferred, mine
+        reason = (f"{where}; no checked prompt beats it by more than the check can tell (the best, {names[best]}: "
+                  f"{bound}); kept") if lower[best] <= 0 else (
+            f"{where}; {names[best]} beats it ({bound}) but --keep-selection keeps the pick")
+    if name in rows and "vs_random" in chosen:
+        versus = chosen["vs_random"]
+        beats, at_or_above = chosen["beats_random"], chosen["at_or_above"]
+    else:  # a random prompt handed over: compared with the others
+        others = [r for r in result["random"] if r is not chosen]
+        grid = np.array([r["correct"] for r in others] or [chosen["correct"]], dtype=np.float64)
+        versus = paired_bootstrap(np.asarray(chosen["correct"], float) - grid.mean(0), seed=seed)
+        accs = grid.mean(1)
+        beats, at_or_above = float((chosen["accuracy"] > accs).mean()), int((chosen["accuracy"] >= accs).sum())
+    return {"name": name, "indices": list(chosen["indices"]), "reason": reason, "replaced": name != preferred,
+            "beats_random": beats, "at_or_above": at_or_above, "random_prompts": total, "vs_random": versus,
+            "shown_better": versus["ci95"][0] > 0, "zero_shot_best": bool(zero_best)}

@@ -117,6 +117,7 @@ class SelectConfig:
     screen: str = "compressed"  # --method search: the screen's caches (compressed, dense) or none (random search)
     screen_queries: int = 32  # --method search: label-balanced validation queries of the screen
     confirm_queries: int = 64  # --method search: validation queries of the last successive-halving rung
+    seeds: dict[str, list[int]] = field(default_factory=dict)  # --method search: named prompts screened too
     chat: bool = False
     task_options: dict[str, Any] = field(default_factory=dict)  # get_task's options (-o KEY=VALUE, --skip-empty)
 
@@ -171,6 +172,13 @@ class SelectConfig:
         if self.stratify and self.method != "affinity":
             raise ValueError(f"--stratify draws affinity's subsets with the labels in even shares; --method "
                              f"{self.method!r} samples no subsets (use --per-label to share its places out)")
+
+
+def uses_compressor(cfg: SelectConfig) -> bool:
+    """Whether the selection reads compressed caches (affinity or BRIDGE on them, the search's screen)."""
+    if cfg.method == "search":
+        return cfg.screen == "compressed"
+    return cfg.method in EVALUATED and cfg.evaluator == "compressed"
 
 
 def selection_queries(cfg: SelectConfig) -> int:
@@ -235,7 +243,7 @@ def select_demonstrations(
             on_start(selector.plan(len(splits.pool), cfg.k) if isinstance(selector, BridgeSelector) else 0)
     t0 = time.perf_counter()
     selection = selector.select(splits.pool, validation, cfg.k, np.random.default_rng(cfg.seed))
-    if cfg.per_label:
+    if cfg.per_label and not isinstance(selector, PromptSearch):  # the search's balanced prompts are its own
         selection = per_label(selection, splits.pool)
     wall = time.perf_counter() - t0
     labels = [splits.pool[i].target for i in selection.indices]
@@ -275,6 +283,9 @@ def select_demonstrations(
             summary[key] = selection.details[key]
     if searched is not None:
         summary["order_search"] = searched
+    if isinstance(selector, PromptSearch):  # its plan, screen, rungs and order search, for the report
+        summary.update({key: value for key, value in selection.details.items() if key != "order_search"},
+                       order_search=selection.details.get("order_search"))
     return selection, summary, list(splits.pool)
 
 
@@ -371,7 +382,7 @@ def write_selection(out: Path, selection: Selection, summary: dict, pool, builde
 def with_shipped_compressor(cfg: SelectConfig) -> SelectConfig:
     """``cfg`` with ``compressor`` set to the one shipped for its model and task (trained at the
     shot count nearest ``k``) when affinity on compressed caches was asked for without one."""
-    if cfg.compressor or cfg.method not in EVALUATED or cfg.evaluator != "compressed":
+    if cfg.compressor or not uses_compressor(cfg):
         return cfg
     shipped = find_pretrained(cfg.model, cfg.task, cfg.k)
     if shipped is None:

@@ -42,7 +42,7 @@ import numpy as np
 
 from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
-from icl_ssm.evaluate.stats import split_half_spearman, spearman, spearman_brown
+from icl_ssm.evaluate.stats import spearman, spearman_brown, split_half_spearman
 from icl_ssm.select.affinity import search_order
 from icl_ssm.select.base import Selection, Selector, arrange, check_selection_inputs, register, top_k, top_k_per_label
 from icl_ssm.select.estimators import mean_affinity
@@ -226,7 +226,7 @@ class PromptSearch(Selector):
         return cls(confirm=dense, screen=screen, budget=60.0 * cfg.search_minutes,
                    screen_queries=cfg.screen_queries, confirm_queries=cfg.confirm_queries,
                    order_candidates=cfg.order_candidates, labels=labels, screen_name=cfg.screen,
-                   progress=progress)
+                   seeds=dict(cfg.seeds), progress=progress)
 
     def _say(self, line: str) -> None:
         if self.say is not None:
@@ -382,7 +382,7 @@ class PromptSearch(Selector):
             half = want // 2 if self.labels else 0
             add(self._random(n, k, want - half, rng), "random")
             add(self._balanced(pool_labels, k, half, rng), "balanced")
-            for name, p in self.seeds.items():
+            for p in self.seeds.values():
                 add([p], "seed")
             ranked = list(arms.values())
         screen_stats = _screen_stats(screen_results, ranked)
@@ -410,7 +410,8 @@ class PromptSearch(Selector):
         first_rung = [a for a in ranked[:arms_in] if rung_log and rung_log[0]["queries"] in a.confirm]
         if self.screen is not None and len(first_rung) >= 3:
             q0 = rung_log[0]["queries"]
-            screen_vs_confirm = _finite(spearman([a.screen_loss for a in first_rung], [a.confirm[q0] for a in first_rung]))
+            screen_vs_confirm = _finite(spearman([a.screen_loss for a in first_rung],
+                                                 [a.confirm[q0] for a in first_rung]))
 
         # order the survivor, on the time left
         t0 = self.clock()
