@@ -187,3 +187,17 @@ def test_the_equal_time_rule_takes_the_best_arm_only_when_it_is_shown_better_tha
                                                                                        seeds=(7,))])
     assert close["decision"]["default_screen"] == "none" and "containing 0" in close["decision"]["why"]
     assert "| 6.0 | compressed |" in search_markdown(clear) and "**compressed**" in search_markdown(clear)
+
+
+def test_a_short_budget_cuts_the_queries_and_the_order_search_and_says_when_it_cannot_fit():
+    plan = plan_search(60.0, screen_per_prompt=6.7, prefix=7.7, per_query=0.3, confirm_queries=64,
+                       order_candidates=8)  # the seconds of a k = 20 prompt on one CPU thread
+    assert plan.queries < 64 and plan.orders == 0 and not plan.over
+    assert plan.seconds["confirm"] <= 0.35 * 60
+    tight = plan_search(20.0, screen_per_prompt=6.7, prefix=7.7, per_query=0.3, confirm_queries=64,
+                        order_candidates=8)
+    assert tight.over and tight.queries == 8 and tight.arms == 2
+    from icl_ssm.select.search import plan_lines
+
+    assert "will run over its budget" in plan_lines(tight, 20.0, "compressed")[-1]
+    assert "no order search" in plan_lines(tight, 20.0, "compressed")[0]

@@ -37,7 +37,7 @@ from icl_ssm.data.tasks import get_task
 from icl_ssm.distill.run import train_compressor
 from icl_ssm.distill.train import DistillConfig
 from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
-from icl_ssm.evaluate.gate import GATE_EVALUATORS, fidelity_gate
+from icl_ssm.evaluate.verdict import VERDICT_EVALUATORS, fidelity_verdict
 from icl_ssm.lm.models import DEFAULT_MODEL, load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.base import SELECTORS
@@ -73,7 +73,7 @@ class RunConfig:
     pool_size: int = 100
     queries: int = 8  # validation queries per subset
     test_size: int = 150
-    test_orders: int = 3  # further random orders of every chosen set scored on the test split
+    test_orders: int = 0  # further random orders of every chosen set scored on the test split
     subsets: int | None = None  # affinity budget; default n / (k eps^2)
     budget: float | None = None  # minutes per affinity run, sized to target_reliability (select --budget)
     target_reliability: float = RELIABILITY_TARGET
@@ -83,15 +83,15 @@ class RunConfig:
     order: str = "score"  # prompt order of every method's chosen demonstrations (select --order)
     methods: tuple[str, ...] = DEFAULT_METHODS
     dense_evaluator: bool = True  # also run affinity on dense caches (cost and quality beside)
-    equal_cost: bool = True  # with dense_evaluator: affinity on compressed caches given the dense run's time
+    equal_cost: bool = False  # with dense_evaluator: affinity on compressed caches given the dense run's time
     evaluator: str = "auto"  # affinity: auto (compressed unless its fidelity check fails), compressed or dense
     max_accuracy_drop: float = 0.05  # the fidelity check: accuracy the compressed caches may lose to the dense prompt
     search_minutes: float = 2.0  # the prompt search's wall time (screen + confirm + order)
     screen: str = "auto"  # the search's screen: SEARCH_SCREENS
     screen_queries: int = 32  # label-balanced validation queries of the screen
     confirm_queries: int = 64  # validation queries of the search's last successive-halving rung
-    check_size: int = 256  # held-out validation examples the check scores every prompt on
-    random_prompts: int = 16  # random k-prompts the chosen prompt is checked against
+    check_size: int = 128  # held-out validation examples the check scores every prompt on
+    random_prompts: int = 8  # random k-prompts the chosen prompt is checked against
     keep_selection: bool = False  # hand over the method's pick even when it does not beat random prompts
     fidelity_subsets: int = 30
     fidelity_queries: int = 4
@@ -107,8 +107,8 @@ class RunConfig:
             raise ValueError(f"--k {self.k}: expected >= 1 demonstrations")
         if self.random_prompts < 1 or self.check_size < 1:
             raise ValueError(f"--random-prompts {self.random_prompts}, --check-size {self.check_size}: expected >= 1")
-        if self.evaluator not in GATE_EVALUATORS:
-            raise ValueError(f"--evaluator {self.evaluator!r}; accepted: {', '.join(GATE_EVALUATORS)}")
+        if self.evaluator not in VERDICT_EVALUATORS:
+            raise ValueError(f"--evaluator {self.evaluator!r}; accepted: {', '.join(VERDICT_EVALUATORS)}")
         if not 0 <= self.max_accuracy_drop < 1:
             raise ValueError(f"--max-accuracy-drop {self.max_accuracy_drop}: expected a share in [0, 1)")
         if self.screen not in SEARCH_SCREENS:
@@ -235,7 +235,7 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
     else:
         say("fidelity: done before, skipped")
 
-    gate = choose_evaluator(cfg, fidelity)
+    verdict = choose_evaluator(cfg, fidelity)
     model, tokenizer = load_model(cfg.model)
     compressor = load_compressor(comp["compressor"], model.config)
     base = SelectConfig(model=cfg.model, task=cfg.task, k=cfg.k, compressor=comp["compressor"],
@@ -245,8 +245,8 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
                         budget=cfg.budget, target_reliability=cfg.target_reliability, test_orders=cfg.test_orders)
     runs = [(m, replace(base, method=m, stratify=cfg.stratify and m == "affinity")) for m in cfg.methods
             if m != "search"]
-    runs = [(m, replace(s, evaluator=gate["evaluator"]) if m in EVALUATED else s) for m, s in runs]  # affinity, bridge
-    if cfg.dense_evaluator and "affinity" in cfg.methods and gate["evaluator"] == "compressed":
+    runs = [(m, replace(s, evaluator=verdict["evaluator"]) if m in EVALUATED else s) for m, s in runs]
+    if cfg.dense_evaluator and "affinity" in cfg.methods and verdict["evaluator"] == "compressed":
         at = next(i for i, (m, _) in enumerate(runs) if m == "affinity") + 1
         runs.insert(at, ("affinity-dense", replace(base, method="affinity", evaluator="dense", stratify=cfg.stratify)))
     selections: dict[str, dict] = {}
@@ -254,7 +254,7 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
         runs.append(("search", None))
     for name, scfg in runs:
         if name == "search":
-            scfg = search_config(cfg, base, gate, selections)
+            scfg = search_config(cfg, base, verdict, selections)
         key = _key([asdict(scfg), comp["compressor"]])
         result = stages.get(f"select-{name}", key)
         if result is None:
@@ -267,11 +267,11 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
         else:
             say(f"select {name}: done before, skipped")
         selections[name] = result
-    if cfg.equal_cost and "affinity-dense" in selections and gate["evaluator"] == "compressed":
+    if cfg.equal_cost and "affinity-dense" in selections and verdict["evaluator"] == "compressed":
         selections["affinity-equal-cost"] = equal_cost_stage(cfg, stages, base, selections["affinity-dense"],
                                                              splits, model, tokenizer, compressor, comp)
     check = check_stage(cfg, stages, selections, splits, model, tokenizer)
-    return write_outputs(cfg, out, comp, fidelity, selections, splits, model, tokenizer, check, gate)
+    return write_outputs(cfg, out, comp, fidelity, selections, splits, model, tokenizer, check, verdict)
 
 
 def held_out_start(cfg: RunConfig) -> int:
@@ -320,23 +320,27 @@ def equal_cost_stage(cfg: RunConfig, stages: Stages, base: SelectConfig, dense: 
 
 
 def choose_evaluator(cfg: RunConfig, fidelity: dict) -> dict:
-    """Affinity's evaluator: :func:`~icl_ssm.evaluate.gate.fidelity_gate`'s verdict on the fidelity
-    stage (``cfg.evaluator="auto"``), or the one ``cfg.evaluator`` forces; says why when it is not
-    the compressed caches, and warns when compressed caches that failed their check are forced."""
-    gate = fidelity_gate(fidelity, max_accuracy_drop=cfg.max_accuracy_drop)
-    gate["verdict"] = gate["evaluator"]
+    """The evaluator of affinity, BRIDGE and the search's screen:
+    :func:`~icl_ssm.evaluate.verdict.fidelity_verdict` on the fidelity stage (``cfg.evaluator="auto"``),
+    or the one ``cfg.evaluator`` forces. The verdict is printed whether it passes or fails; a
+    forced evaluator says so, and compressed caches forced against a failed verdict are warned about."""
+    verdict = fidelity_verdict(fidelity, max_accuracy_drop=cfg.max_accuracy_drop)
+    verdict["verdict"] = verdict["evaluator"]
+    if verdict.get("summary"):
+        say(verdict["summary"])
     if cfg.evaluator != "auto":
-        gate["evaluator"] = cfg.evaluator
-        gate["reason"] = f"--evaluator {cfg.evaluator} was asked for" + (
-            f"; the fidelity check would have chosen {gate['verdict']}" if gate["verdict"] != cfg.evaluator else "")
-    if gate["verdict"] == "dense":
-        failed = "; ".join(f"{c['name']}: no, {c['detail']}" for c in gate["checks"] if c["passed"] is False)
+        verdict["evaluator"] = cfg.evaluator
+        verdict["reason"] = f"--evaluator {cfg.evaluator} was asked for" + (
+            f"; the fidelity verdict would have chosen {verdict['verdict']}"
+            if verdict["verdict"] != cfg.evaluator else "")
+    if verdict["verdict"] == "dense":
+        failed = "; ".join(f"{c['name']}: no, {c['detail']}" for c in verdict["checks"] if c["passed"] is False)
         if cfg.evaluator == "compressed":
             say(f"warning: the compressed caches failed their fidelity check ({failed}); selecting with them "
                 "because --evaluator compressed was asked for")
         else:
-            say(f"warning: {gate['reason']}")
-    return gate
+            say(f"warning: {verdict['reason']}")
+    return verdict
 
 
 def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], splits: Splits, model,
@@ -346,7 +350,10 @@ def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], spl
     ones selection read), then which prompt to hand over and why
     (:func:`~icl_ssm.select.check.hand_over`); also the test accuracy of zero-shot and of every
     random prompt (the spread a user would meet without selection)."""
-    candidates = {name: s["indices"] for name, s in selections.items()}
+    preferred = next((m for m in ("search", "affinity") if m in selections), next(iter(selections)))
+    # the search screened and confirmed the other picks already: only its own is checked beside random prompts
+    names = [preferred] if preferred == "search" else list(selections)
+    candidates = {name: selections[name]["indices"] for name in names}
     key = _key([candidates, asdict(cfg), "check-v2"])
     done = stages.get("check", key)
     if done is not None:
@@ -369,7 +376,6 @@ def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], spl
     result = check_prompts(model, builder, splits.pool, held_out, candidates, cfg.k,
                            np.random.default_rng([cfg.seed, 1]), random_count=cfg.random_prompts,
                            query_batch=cfg.query_batch, labels=labels, order=cfg.order)
-    preferred = next((m for m in ("search", "affinity") if m in candidates), next(iter(candidates)))
     handed = hand_over(result, preferred, keep=cfg.keep_selection)
     for row in result["random"]:  # the spread a user meets without selection, on the test split
         row["test_accuracy"] = evaluate_selection(model, builder, [splits.pool[i] for i in row["indices"]], test,
@@ -398,7 +404,7 @@ _ROW_KEYS = ("method", "evaluator", "test_accuracy", "flops", "wall_seconds", "s
 
 
 def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selections: dict[str, dict],
-                  splits: Splits, model, tokenizer, check: dict | None = None, gate: dict | None = None) -> dict:
+                  splits: Splits, model, tokenizer, check: dict | None = None, verdict: dict | None = None) -> dict:
     """selected.jsonl + prompt.txt (the prompt handed over: the method's pick when it passed the
     check against random prompts, else the best-checked prompt) and the report."""
     from icl_ssm.report import write_report
@@ -440,7 +446,7 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selecti
         "picks": {name: s["indices"] for name, s in selections.items()}, "preferred": preferred,
         "prompt_file": "prompt.txt", "selected_file": "selected.jsonl",
         "pool_size": len(pool), "run_config": asdict(cfg), "check": check, "handed_over": handed,
-        "fidelity_verdict": gate,
+        "fidelity_verdict": verdict,
         "search": None if search is None else {key: search.get(key) for key in _SEARCH_KEYS},
     }
     write_report(out, report)

@@ -229,7 +229,7 @@ def select_demonstrations(
     if isinstance(selector, AffinitySelector):
         selector.say, selector.on_total = say, on_start  # a budget's pilot findings, plan and total
     if isinstance(selector, PromptSearch):
-        selector.say = say
+        selector.say, selector.on_total = say, on_start
     check_selection_inputs(splits.pool, validation, cfg.k)
     kinds = {e.target for e in splits.pool}
     if (cfg.per_label or cfg.stratify) and len(kinds) > cfg.k:

@@ -54,20 +54,25 @@ SCREENS = ("compressed", "dense", "none")  # the screen a run names (compressed:
 SHARES = {"screen": 0.5, "confirm": 0.35, "order": 0.15}  # of the budget, with a screen
 PILOT = 4  # prompts timed on each evaluator before the plan
 MAX_ARMS = 32  # prompts a screen hands to the confirmation at most (random search takes up to 16 times more)
+MIN_CONFIRM_QUERIES = 8  # the fewest queries the confirmation's last rung is cut to when the budget is short
 
 
 @dataclass
 class SearchPlan:
     """How the budget is spent: ``screened`` candidate prompts on the screen (0 without one),
-    ``arms`` prompts entering the confirmation, its ``rungs`` as ``(arms, queries)`` pairs,
-    ``orders`` orders of the survivor, and the seconds each phase is given (deadlines)."""
+    ``arms`` prompts entering the confirmation, its ``rungs`` as ``(arms, queries)`` pairs
+    ending at ``queries`` (the asked ``confirm_queries``, or fewer where the budget cannot hold
+    two prompts on them), ``orders`` orders of the survivor (0: no order search), the seconds
+    each phase is given, and ``over`` (True when even the smallest confirmation does not fit)."""
 
     screened: int
     arms: int
+    queries: int
     rungs: list[tuple[int, int]]
     orders: int
     seconds: dict[str, float]
-    per_prompt: dict[str, float]  # measured seconds: screen per prompt, confirm per prompt-query, prefix
+    per_prompt: dict[str, float]  # measured seconds: screen per prompt, confirm prefix and per query
+    over: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,6 +96,21 @@ def rungs_seconds(rungs: Sequence[tuple[int, int]], prefix: float, per_query: fl
     return sum(a * (prefix + per_query * q) for a, q in rungs)
 
 
+def fit_confirmation(seconds: float, *, prefix: float, per_query: float, queries: int, min_arms: int = 2,
+                     max_arms: int = MAX_ARMS, min_queries: int = MIN_CONFIRM_QUERIES) -> tuple[int, int, bool]:
+    """``(arms, queries, over)`` of the largest successive halving that fits ``seconds``: the
+    queries halved (not below ``min_queries``) until ``min_arms`` prompts fit, then the arms
+    doubled (a power of two times ``min_arms``, at most ``max_arms``) while they fit; ``over``
+    when even ``min_arms`` on ``min_queries`` do not."""
+    q = queries
+    while q > min_queries and rungs_seconds(rungs_for(min_arms, q), prefix, per_query) > seconds:
+        q = max(min_queries, q // 2)
+    arms = min_arms
+    while arms * 2 <= max_arms and rungs_seconds(rungs_for(arms * 2, q), prefix, per_query) <= seconds:
+        arms *= 2
+    return arms, q, rungs_seconds(rungs_for(arms, q), prefix, per_query) > seconds
+
+
 def plan_search(budget: float, *, screen_per_prompt: float | None, prefix: float, per_query: float,
                 confirm_queries: int, order_candidates: int, min_arms: int = 2, max_arms: int = MAX_ARMS) -> SearchPlan:
     """Split ``budget`` seconds between screen, confirmation and order search.
@@ -98,29 +118,29 @@ def plan_search(budget: float, *, screen_per_prompt: float | None, prefix: float
     ``screen_per_prompt``: measured seconds per screened prompt (None: no screen); ``prefix``
     and ``per_query``: the confirm evaluator's seconds per prompt and per (prompt, query).
     With a screen the budget is shared as :data:`SHARES`; without one the screen's share goes
-    to the confirmation. The confirmation takes the most arms (a power of two, at least
-    ``min_arms``, at most ``max_arms``) whose rungs fit its share; the order search the most
-    orders (at least 2) that fit; the screen what is left.
+    to the confirmation. The confirmation is the largest that fits its share
+    (:func:`fit_confirmation`); the order search takes the most orders (at least 2, else none)
+    on the confirmation's queries that fit its share; the screen what is left.
     """
     if budget <= 0:
         raise ValueError(f"budget={budget} s: expected a positive time")
-    one_order = prefix + per_query * confirm_queries
-    orders = max(2, min(order_candidates, int(SHARES["order"] * budget // max(one_order, 1e-9))))
-    order_s = orders * one_order
     confirm_share = SHARES["confirm"] if screen_per_prompt is not None else 1.0 - SHARES["order"]
-    arms = min_arms
-    while arms * 2 <= max_arms and rungs_seconds(rungs_for(arms * 2, confirm_queries), prefix,
-                                                 per_query) <= confirm_share * budget:
-        arms *= 2
-    rungs = rungs_for(arms, confirm_queries)
+    arms, queries, over = fit_confirmation(confirm_share * budget, prefix=prefix, per_query=per_query,
+                                           queries=confirm_queries, min_arms=min_arms, max_arms=max_arms)
+    rungs = rungs_for(arms, queries)
     confirm_s = rungs_seconds(rungs, prefix, per_query)
+    one_order = prefix + per_query * queries
+    orders = min(order_candidates, int(SHARES["order"] * budget // max(one_order, 1e-9)))
+    orders = orders if orders >= 2 else 0
+    order_s = orders * one_order
     screened, screen_s = 0, 0.0
     if screen_per_prompt is not None:
         screen_s = max(0.0, budget - confirm_s - order_s)
-        screened = max(arms, int(screen_s // max(screen_per_prompt, 1e-9)))
-    return SearchPlan(screened=screened, arms=arms, rungs=rungs, orders=orders,
+        screened = int(screen_s // max(screen_per_prompt, 1e-9))
+    return SearchPlan(screened=screened, arms=arms, queries=queries, rungs=rungs, orders=orders,
                       seconds={"screen": screen_s, "confirm": confirm_s, "order": order_s},
-                      per_prompt={"screen": screen_per_prompt or 0.0, "prefix": prefix, "per_query": per_query})
+                      per_prompt={"screen": screen_per_prompt or 0.0, "prefix": prefix, "per_query": per_query},
+                      over=over)
 
 
 def plan_lines(plan: SearchPlan, budget: float, screen: str) -> list[str]:
@@ -128,10 +148,15 @@ def plan_lines(plan: SearchPlan, budget: float, screen: str) -> list[str]:
     rungs = " -> ".join(f"{a} x {q}q" for a, q in plan.rungs)
     lines = [f"search plan for {budget / 60:.1f} min: "
              + (f"screen {plan.screened} prompts on {screen} caches ({plan.seconds['screen']:.0f} s, "
-                f"{plan.per_prompt['screen']:.2f} s each); " if plan.screened else "no screen; ")
+                f"{plan.per_prompt['screen']:.2f} s each); " if screen != "none" else "no screen; ")
              + f"confirm {plan.arms} on dense caches by successive halving ({rungs}, about "
-             f"{plan.seconds['confirm']:.0f} s); order the survivor over {plan.orders} orders "
-             f"({plan.seconds['order']:.0f} s)"]
+             f"{plan.seconds['confirm']:.0f} s); "
+             + (f"order the survivor over {plan.orders} orders ({plan.seconds['order']:.0f} s)" if plan.orders
+                else "no order search (two orders do not fit)")]
+    if plan.over:
+        lines.append(f"warning: {budget / 60:.1f} min cannot hold even {plan.arms} prompts on {plan.queries} dense "
+                     f"queries at {plan.per_prompt['prefix']:.1f} s a prompt and {plan.per_prompt['per_query']:.2f} s a "
+                     "query; the search will run over its budget (--search-minutes)")
     return lines
 
 
@@ -192,6 +217,7 @@ class PromptSearch(Selector):
     screen_name: str = "compressed"
     say: Callable[[str], None] | None = None
     progress: Callable[[int], None] | None = None
+    on_total: Callable[[int], None] | None = None
     clock: Callable[[], float] = time.perf_counter
     _spent: list[Cost] = field(default_factory=list, init=False, repr=False)  # every evaluator call's cost
 
@@ -216,7 +242,7 @@ class PromptSearch(Selector):
         def ev(cache: str) -> CacheEvaluator:
             return CacheEvaluator(model, builder, cache, compressor if cache == "compressed" else None, loss=cfg.loss,
                                   batch=cfg.batch, query_batch=cfg.query_batch, balance_labels=balance,
-                                  pack=cfg.pack, flops="off")
+                                  pack=cfg.pack, flops="off")  # the budget is time: nothing counted inside it
 
         if cfg.screen not in SCREENS:
             raise ValueError(f"--screen {cfg.screen!r}; accepted: {', '.join(SCREENS)}")
@@ -342,8 +368,11 @@ class PromptSearch(Selector):
         plan = plan_search(max(self.budget - spent, 1e-3), screen_per_prompt=screen_each, prefix=prefix,
                            per_query=per_query, confirm_queries=self.confirm_queries,
                            order_candidates=self.order_candidates, max_arms=MAX_ARMS if self.screen else 16 * MAX_ARMS)
-        for line in plan_lines(plan, self.budget, self.screen_name):
+        for line in plan_lines(plan, self.budget, self.screen_name if self.screen is not None else "none"):
             self._say(line)
+        if self.on_total is not None:  # prompt evaluations in all, for a progress bar
+            self.on_total(len(first) * (2 + (self.screen is not None)) + plan.screened
+                          + sum(a for a, _ in plan.rungs) + plan.orders)
         deadline = start + spent + plan.seconds["screen"]
 
         # screen: random and balanced prompts, then Algorithm 2's top k and the seeds, then swaps
@@ -382,20 +411,18 @@ class PromptSearch(Selector):
             half = want // 2 if self.labels else 0
             add(self._random(n, k, want - half, rng), "random")
             add(self._balanced(pool_labels, k, half, rng), "balanced")
-            for p in self.seeds.values():
-                add([p], "seed")
-            ranked = list(arms.values())
+            seeded = add(list(self.seeds.values()), "seed")
+            ranked = seeded + [a for a in arms.values() if a not in seeded]  # the given picks always confirmed
         screen_stats = _screen_stats(screen_results, ranked)
 
         # confirm: successive halving on the dense prompt, replanned on the time left
         t0 = self.clock()
         left = self.budget - (t0 - start) - plan.seconds["order"]
-        arms_in = plan.arms
-        while arms_in > 2 and rungs_seconds(rungs_for(arms_in, self.confirm_queries), prefix, per_query) > left:
-            arms_in //= 2
-        contenders = ranked[:arms_in] if self.screen is not None else ranked[:max(arms_in, len(self.seeds) + 1)]
+        arms_in, top_q, _ = fit_confirmation(left, prefix=prefix, per_query=per_query, queries=plan.queries,
+                                             max_arms=plan.arms)
+        contenders = ranked[:arms_in]
         rung_log = []
-        for size, queries in rungs_for(len(contenders), self.confirm_queries):
+        for size, queries in rungs_for(len(contenders), top_q):
             contenders = contenders[:size]
             todo = [a for a in contenders if queries not in a.confirm]
             if todo:
@@ -416,15 +443,15 @@ class PromptSearch(Selector):
         # order the survivor, on the time left
         t0 = self.clock()
         left = self.budget - (t0 - start)
-        one = prefix + per_query * self.confirm_queries
-        orders = int(min(self.order_candidates, left // max(one, 1e-9)))
+        one = prefix + per_query * top_q
+        orders = int(min(plan.orders, left // max(one, 1e-9)))
         indices, order_log = list(winner.prompt), None
         if orders >= 2:
             labels_of = [pool_labels[i] for i in winner.prompt]
             order_ev = self.order or self.confirm
-            indices, order_log = search_order(order_ev, pool, validation[: self.confirm_queries], winner.prompt,
-                                              labels_of, orders, rng)
-            order_log["winner_loss"] = winner.confirm.get(self.confirm_queries)
+            indices, order_log = search_order(order_ev, pool, validation[:top_q], winner.prompt, labels_of, orders,
+                                              rng)
+            order_log["winner_loss"] = winner.confirm.get(top_q)
             self._spent.append(Cost(order_log["flops"], order_log["seconds"]))
         phases["order"] = self.clock() - t0
         wall = self.clock() - start
@@ -440,9 +467,9 @@ class PromptSearch(Selector):
             "plan": plan.as_dict(), "budget_seconds": self.budget, "wall_seconds": wall, "phases": phases,
             "screen": self.screen_name if self.screen is not None else "none",
             "screened": sum(math.isfinite(a.screen_loss) for a in arms.values()), "sources": sources,
-            "screen_queries": len(screen_q), "confirm_queries": self.confirm_queries, **screen_stats,
+            "screen_queries": len(screen_q), "confirm_queries": top_q, **screen_stats,
             "screen_vs_confirm_spearman": screen_vs_confirm, "rungs": rung_log,
-            "winner_source": winner.source, "winner_confirm_loss": winner.confirm.get(self.confirm_queries),
+            "winner_source": winner.source, "winner_confirm_loss": winner.confirm.get(top_q),
             "order_search": order_log,
         }
         return Selection(self.name, indices, np.asarray(scores, dtype=np.float64), sum(self._spent, Cost()),
