@@ -11,12 +11,11 @@ import pytest
 from icl_ssm.cli import main
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
-from icl_ssm.evaluate.stats import wilson_interval
+from icl_ssm.evaluate.stats import paired_bootstrap, wilson_interval
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.scoring import predict_labels
 from icl_ssm.lm.tiny import tiny_model, tiny_tokenizer
 from icl_ssm.report import check_lines
-from icl_ssm.evaluate.stats import paired_bootstrap
 from icl_ssm.select.check import ZERO_SHOT, check_prompts, compare_prompts, hand_over, random_prompts
 
 

@@ -873,7 +873,7 @@ def test_long_context_baselines_are_measured_beside_the_compressor(files, capsys
     from icl_ssm.evaluate.fidelity import FidelityConfig
 
     with pytest.raises(ValueError, match=r"--baselines \['gist'\]; accepted: streaming, lm-infinite"):
-        FidelityConfig(task="t", baselines=("gist",)).check()
+        FidelityConfig(task="t", baselines=("gist",)).validate()
 
 
 def test_bench_long_context_writes_the_table_per_task_and_k(files, tmp_path, capsys):

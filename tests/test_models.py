@@ -28,8 +28,6 @@ from icl_ssm.lm.models import (
     CONVERSION_MARKER,
     EMBEDDED_MODELS,
     UnsupportedModelError,
-    check_gguf,
-    check_supported,
     convert_gguf,
     embedded_model_dir,
     gguf_metadata,
@@ -38,6 +36,8 @@ from icl_ssm.lm.models import (
     load_model,
     model_info,
     save_converted,
+    validate_gguf,
+    validate_supported,
 )
 from icl_ssm.lm.tiny import tiny_model, tiny_tokenizer
 
@@ -178,7 +178,7 @@ def test_unsupported_dir_is_refused_before_loading_weights(tmp_path):
 )
 def test_check_supported_refuses(config, match):
     with pytest.raises(UnsupportedModelError, match=match) as err:
-        check_supported(config)
+        validate_supported(config)
     assert "full attention over a KV cache" in str(err.value)
     assert repr(config.model_type) in str(err.value)
 
@@ -196,15 +196,15 @@ def test_check_supported_refuses(config, match):
     ids=["llama", "qwen2", "qwen2-window-unused", "mistral-no-window", "bert-decoder"],
 )
 def test_check_supported_accepts(config):
-    check_supported(config)
+    validate_supported(config)
 
 
 def test_check_supported_needs_lm_head():
-    check_supported(tiny_llama())
+    validate_supported(tiny_llama())
     with pytest.raises(UnsupportedModelError, match="no language-model head"):
-        check_supported(LlamaModel(tiny_llama().config))
+        validate_supported(LlamaModel(tiny_llama().config))
     with pytest.raises(TypeError, match="PretrainedConfig"):
-        check_supported({"model_type": "llama"})
+        validate_supported({"model_type": "llama"})
 
 
 # ---------------------------------------------------------------- GGUF conversion
@@ -404,7 +404,7 @@ def test_gguf_refused_from_metadata_before_conversion(tmp_path, monkeypatch, arc
     ids=["llama", "qwen2", "window-covers-context"],
 )
 def test_check_gguf_accepts_served_architectures(tmp_path, arch, metadata):
-    config = check_gguf(write_gguf(tmp_path / "ok.gguf", arch, **metadata))
+    config = validate_gguf(write_gguf(tmp_path / "ok.gguf", arch, **metadata))
     assert config.model_type == arch
     assert (config.num_hidden_layers, config.hidden_size, config.max_position_embeddings) == (2, 32, 512)
 
@@ -429,7 +429,7 @@ def test_not_a_gguf_file_is_named(tmp_path, monkeypatch, content):
 def test_check_gguf_accepts_smollm2():
     from icl_ssm.data import assets
 
-    config = check_gguf(assets.fetch("smollm2-135m-gguf"))
+    config = validate_gguf(assets.fetch("smollm2-135m-gguf"))
     assert (config.model_type, config.num_hidden_layers, config.num_key_value_heads) == ("llama", 30, 3)
 
 

@@ -116,7 +116,7 @@ def test_the_fidelity_check_chooses_affinitys_evaluator(data, tmp_path, tmp_cach
     assert report["gate"]["reason"].startswith("--evaluator dense was asked for")
     assert "Affinity evaluator: dense, because --evaluator dense was asked for" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--evaluator 'window'; accepted: auto, compressed, dense"):
-        RunConfig(evaluator="window").check()
+        RunConfig(evaluator="window").validate()
 
 
 def test_run_takes_the_shipped_compressor_and_its_accuracies_count_right_answers(data, tmp_path, tmp_cache,

@@ -94,7 +94,7 @@ def test_spans_are_exact_and_prefix_plus_suffix_is_whole(tokenizers, tok_name, t
         assert builder.answer_text(demo).strip() in text
     assert query.input.strip() in tokenizer.decode(prompt.input_ids[slice(*prompt.query_span)])
     # piecewise ids == tokenising the whole text (answer included)
-    builder.check(demos, query)
+    builder.validate(demos, query)
 
 
 def test_plain_layout_matches_documented_format(tokenizers):
@@ -118,7 +118,7 @@ def test_separator_position_follows_the_tokenizer(tokenizers):
     # the wrong choice breaks natural tokenisation: ".\n\n" is one token for Llama-3 style
     wrong = PromptBuilder(tokenizers["llama3-style"], task, separator_position="leading")
     with pytest.raises(ValueError, match="differs from tokenising the whole prompt"):
-        wrong.check(*_demos_query(SENTIMENT_EXAMPLES))
+        wrong.validate(*_demos_query(SENTIMENT_EXAMPLES))
     with pytest.raises(ValueError, match="separator_position='middle'"):
         PromptBuilder(tokenizers["gpt2-style"], task, separator_position="middle")
 

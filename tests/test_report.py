@@ -303,7 +303,7 @@ def test_check_lines_say_when_the_pick_was_replaced():
         "name": "random-15", "indices": [15, 16, 17], "replaced": True, "reason": "search scored 0.600 ...; random-15 "
         "beats it by more than the check can tell (0.675: +0.075, simultaneous 95% lower bound +0.012), so random-15 "
         "is handed over (--keep-selection hands over the pick)", "beats_random": 1.0, "at_or_above": 15,
-        "random_prompts": 16, "vs_random": versus(0.04, 0.01, 0.07), "shown_better": True, "zero_shot_best": False,
+        "random_prompts": 15, "vs_random": versus(0.04, 0.01, 0.07), "shown_better": True, "zero_shot_best": False,
         "test_accuracy": 0.725}
     lines = R.check_lines(report)
     assert lines[0].startswith("Handed over (prompt.txt): random prompt #15, in place of the pick of search (whole "

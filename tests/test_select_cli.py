@@ -212,9 +212,9 @@ def test_bad_input_is_refused(files, tmp_path, capsys):
     from icl_ssm.select.run import SelectConfig
 
     with pytest.raises(ValueError, match="--order 'best'; accepted: score, interleave, random, search"):
-        SelectConfig(order="best").check()
+        SelectConfig(order="best").validate()
     with pytest.raises(ValueError, match="--order-candidates 1: expected >= 2"):
-        SelectConfig(order="search", order_candidates=1).check()
+        SelectConfig(order="search", order_candidates=1).validate()
 
 
 def test_two_processes_select_like_one(files, tmp_path, tmp_cache, capsys):

@@ -17,7 +17,7 @@ import pytest
 from icl_ssm.cli import data as data_cli
 from icl_ssm.data import assets
 from icl_ssm.data.generated import DEFAULT_GENERATED_SIZE
-from icl_ssm.data.splits import check_k, dedupe, split
+from icl_ssm.data.splits import dedupe, split, validate_k
 from icl_ssm.data.tasks import TASKS, Example, HubUnavailableError, get_task, normalize_text
 
 # ---------------------------------------------------------------------------------
@@ -379,11 +379,11 @@ def test_split_stratified_per_subject(fake_assets):
 
 def test_check_k():
     pool = _examples(5)
-    check_k(pool, 5)
+    validate_k(pool, 5)
     with pytest.raises(
         ValueError, match="k=6 demonstrations requested but the candidate pool has only 5"
     ):
-        check_k(pool, 6)
+        validate_k(pool, 6)
 
 
 # ---------------------------------------------------------------------------------

@@ -40,7 +40,8 @@ def test_run_trust_on_a_tiny_model_reuses_the_first_compressor(tmp_path, tmp_cac
     data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n" for e in task.examples()))
     base = RunConfig(model="tiny-llama", k=3, state_size=16, num_virtual=4, num_sink=2, latent_size=8,
                      distill_samples=8, pool_size=24, queries=3, test_size=6, fidelity_subsets=4,
-                     fidelity_queries=2, subsets=8, batch=4, test_orders=0, methods=("affinity", "random"), check_size=8,
+                     fidelity_queries=2, subsets=8, batch=4, test_orders=0, methods=("affinity", "random"),
+                     check_size=8,
                      random_prompts=3,
                      dense_evaluator=False, evaluator="compressed")
     said = []
@@ -55,7 +56,8 @@ def test_run_trust_on_a_tiny_model_reuses_the_first_compressor(tmp_path, tmp_cac
     second = json.loads((tmp_path / "trust" / "coin-s1" / "report.json").read_text())["compressor"]
     assert first["source"] == "distilled" and second == {**second, "source": "given",
                                                          "compressor": first["compressor"]}
-    assert "Handed-over prompt at or above 3/4 of the plain random prompts" in (tmp_path / "trust" / "trust.md").read_text()
+    md = (tmp_path / "trust" / "trust.md").read_text()
+    assert "Handed-over prompt at or above 3/4 of the plain random prompts" in md
     assert len(said) == 2 and result["summary"]["runs"] == 2
     again = run_trust([str(data)], [0, 1], tmp_path / "trust", random=3, base=base, say=said.append)
     assert again["runs"] == rows and len(said) == 2  # finished runs are read back, not redone

@@ -27,7 +27,7 @@ from icl_ssm.data.tasks import register as register_task
 from icl_ssm.distill.run import train_compressor
 from icl_ssm.distill.train import DistillConfig
 from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
-from icl_ssm.lm.models import EMBEDDED_MODELS, check_supported, load_model, model_info
+from icl_ssm.lm.models import EMBEDDED_MODELS, load_model, model_info, validate_supported
 from icl_ssm.lm.prompts import Prompt, PromptBuilder
 from icl_ssm.lm.scoring import answer_loss, generate_answers, predict_labels, score_labels
 from icl_ssm.pipeline import RunConfig, run_pipeline
@@ -43,7 +43,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     # models, tasks, prompts
-    "EMBEDDED_MODELS", "load_model", "model_info", "check_supported",
+    "EMBEDDED_MODELS", "load_model", "model_info", "validate_supported",
     "TASKS", "Task", "Example", "get_task", "split", "Splits", "register_task",
     "Prompt", "PromptBuilder", "score_labels", "predict_labels", "answer_loss", "generate_answers",
     # the state space model, the compressor and its caches

@@ -99,7 +99,7 @@ class RunConfig:
     query_batch: int = 32
     task_options: dict[str, Any] = field(default_factory=dict)  # get_task's options (-o KEY=VALUE, --skip-empty)
 
-    def check(self) -> None:
+    def validate(self) -> None:
         unknown = [m for m in self.methods if m not in SELECTORS]
         if unknown:
             raise ValueError(f"--methods {unknown}: accepted: {', '.join(SELECTORS)}")
@@ -206,7 +206,7 @@ def resolve_compressor(cfg: RunConfig, out: Path, stages: Stages) -> dict:
 
 def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
     """All stages; returns the report dict (also written to ``OUT/report.json``)."""
-    cfg.check()
+    cfg.validate()
     out = atomic.prepare_dir(out)
     task = get_task(cfg.task, **cfg.task_options)
     splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k,
@@ -326,7 +326,7 @@ def choose_evaluator(cfg: RunConfig, fidelity: dict) -> dict:
     forced evaluator says so, and compressed caches forced against a failed verdict are warned about."""
     verdict = fidelity_verdict(fidelity, max_accuracy_drop=cfg.max_accuracy_drop)
     verdict["verdict"] = verdict["evaluator"]
-    if verdict.get("summary"):
+    if verdict.get("summary") and verdict["verdict"] == "compressed":  # a failed verdict is said below, once
         say(verdict["summary"])
     if cfg.evaluator != "auto":
         verdict["evaluator"] = cfg.evaluator

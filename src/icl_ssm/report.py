@@ -255,8 +255,8 @@ def check_lines(report: dict) -> list[str]:
     n, total = check.get("check_size"), handed.get("random_prompts", len(check.get("random") or []))
     k = report.get("k")
     randoms = f"random prompts of k={k}" if k is not None else "random prompts of the same size"
-    if str(name).startswith("random-") and _is_num(total):  # a random prompt stands among the others
-        total, randoms = total - 1, "other " + randoms
+    if str(name).startswith("random-"):  # a random prompt stands among the others (hand_over counts those)
+        randoms = "other " + randoms
     versus = handed.get("vs_random") or {}
     level = versus.get("level", 0.95)
     lines = [headline]

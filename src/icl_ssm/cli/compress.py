@@ -13,7 +13,7 @@ from icl_ssm.cli.options import add_target, task_options
 from icl_ssm.compress.cache import compressed_cache, exact_cache, forward_with_prefix
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load_compressor
 from icl_ssm.cost import measure, peak_rss
-from icl_ssm.data.splits import check_k, split
+from icl_ssm.data.splits import split, validate_k
 from icl_ssm.data.tasks import Example, get_task
 from icl_ssm.lm.models import load_model, model_info
 from icl_ssm.lm.prompts import PromptBuilder
@@ -81,7 +81,7 @@ def run_compress(args: argparse.Namespace) -> dict:
     else:
         task = get_task(args.task, **task_options(args))
         splits = split(task, seed=args.seed)
-        check_k(splits.pool, args.k)
+        validate_k(splits.pool, args.k)
         rng = torch.Generator().manual_seed(args.seed)
         demos = [splits.pool[i] for i in torch.randperm(len(splits.pool), generator=rng)[: args.k].tolist()]
     if args.query is not None:

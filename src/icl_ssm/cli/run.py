@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from icl_ssm.cli.options import add_budget_flags, add_recipe_flag, add_search_flags, add_target, task_options
-from icl_ssm.evaluate.gate import GATE_EVALUATORS
+from icl_ssm.evaluate.verdict import VERDICT_EVALUATORS
 from icl_ssm.pipeline import SEARCH_SCREENS, RunConfig, run_pipeline, say
 from icl_ssm.report import check_lines, verdict_lines
 from icl_ssm.select.estimators import ESTIMATORS
@@ -66,7 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--equal-cost", action=argparse.BooleanOptionalAction, default=d.equal_cost,
                    help="with --dense-evaluator: also run affinity on compressed caches with the dense run's wall time "
                         "as its budget (what the cheaper evaluation buys)")
-    p.add_argument("--evaluator", default=d.evaluator, choices=GATE_EVALUATORS,
+    p.add_argument("--evaluator", default=d.evaluator, choices=VERDICT_EVALUATORS,
                    help="how affinity scores subsets: auto = on compressed caches unless they fail their fidelity "
                         "check (then dense, with the reason in the report)")
     p.add_argument("--max-accuracy-drop", type=float, default=d.max_accuracy_drop,

@@ -38,7 +38,7 @@ def _main(args: argparse.Namespace) -> int:
     args.task_options = task_options(args)
     cfg = SelectConfig(**{f.name: getattr(args, f.name) for f in fields(SelectConfig) if hasattr(args, f.name)})
     cfg = with_shipped_compressor(apply_recipe(cfg, args.recipe, given_flags(getattr(args, "argv", None))))
-    cfg.check()
+    cfg.validate()
     out = atomic.prepare_dir(args.out) if args.out else None
     if cfg.per_query:
         return _per_query(cfg, out, args)

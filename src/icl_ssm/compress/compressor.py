@@ -30,7 +30,7 @@ from huggingface_hub.dataclasses import strict
 from torch import Tensor, nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
-from icl_ssm.ssm.layer import SYSTEMS, HiPPOSSM, check_channels, check_learn_dt
+from icl_ssm.ssm.layer import SYSTEMS, HiPPOSSM, validate_channels, validate_learn_dt
 from icl_ssm.ssm.products import ShiftProducts
 
 POSITIONS = ("compressed", "original")
@@ -129,8 +129,8 @@ class SSMCompressorConfig(PreTrainedConfig):
             raise ValueError(f"position must be one of {POSITIONS}, got {self.position!r}")
         if not (math.isfinite(self.dt) and self.dt > 0):
             raise ValueError(f"dt must be a finite number > 0, got {self.dt}")
-        check_learn_dt(self.learn_dt, self.system)
-        check_channels(self.channels, self.state_size)
+        validate_learn_dt(self.learn_dt, self.system)
+        validate_channels(self.channels, self.state_size)
         self.input_layer  # noqa: B018 - validates ssm_input
         if self.pair_window <= 0:
             raise ValueError(f"pair_window must be a positive integer, got {self.pair_window}")
@@ -316,7 +316,7 @@ class SSMCompressor(PreTrainedModel):
             )
         return self.head(self.states(inputs_embeds, attention_mask))
 
-    def check_teacher(self, teacher_config: PreTrainedConfig) -> None:
+    def validate_teacher(self, teacher_config: PreTrainedConfig) -> None:
         """Refuse a teacher of another shape, naming every difference."""
         problems = teacher_mismatches(self.config, teacher_config)
         if problems:
@@ -359,5 +359,5 @@ def load_compressor(path: str | Path, teacher_config: PreTrainedConfig | None = 
             f"(truncated or corrupted?): {type(err).__name__}: {err}"
         ) from err
     if teacher_config is not None:
-        model.check_teacher(teacher_config)
+        model.validate_teacher(teacher_config)
     return model.eval()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from icl_ssm.data.files import label_from, read_records, record_field
-from icl_ssm.data.tasks import Example, HubUnavailableError, Task, check_flag, register
+from icl_ssm.data.tasks import Example, HubUnavailableError, Task, register, validate_flag
 
 HUB_EXTRA = "pip install 'icl-ssm[hub]'"
 
@@ -143,7 +143,7 @@ class GSM8K(HubTask):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.rationale = check_flag(self.rationale, "gsm8k: rationale")
+        self.rationale = validate_flag(self.rationale, "gsm8k: rationale")
 
     kind = "generative"
     instruction = "Solve the math word problem. End with '#### ' followed by the final number."

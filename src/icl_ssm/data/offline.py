@@ -15,7 +15,7 @@ from typing import ClassVar
 from icl_ssm.data import assets
 from icl_ssm.data.files import label_from
 from icl_ssm.data.hub import HUB_EXTRA, SENTIMENT_LABELS, SST2, load_hub
-from icl_ssm.data.tasks import Example, Task, check_flag, register
+from icl_ssm.data.tasks import Example, Task, register, validate_flag
 
 
 @dataclass
@@ -165,7 +165,7 @@ class MMLU(AssetTask):
                 f"names from {', '.join(MMLU_SUBJECTS)}"
             )
         self.subjects = subjects
-        self.from_hub = check_flag(self.from_hub, "mmlu: from_hub")
+        self.from_hub = validate_flag(self.from_hub, "mmlu: from_hub")
         self.source = f"hub: cais/mmlu (needs {HUB_EXTRA})" if self.from_hub else assets.ASSETS["mmlu"].source
 
     def offline(self) -> bool:

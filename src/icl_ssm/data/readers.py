@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from icl_ssm.data.files import read_records, record_field
-from icl_ssm.data.tasks import KINDS, TASKS, Example, Task, check_flag, normalize_text, register
+from icl_ssm.data.tasks import KINDS, TASKS, Example, Task, normalize_text, register, validate_flag
 
 SHOWN_LINES = 10  # line numbers listed in a note before "... and N more"
 
@@ -50,7 +50,7 @@ class UserFileTask(Task):
             self.labels = tuple(str(label) for label in self.labels)
         if self.kind == "generative" and self.labels:
             raise ValueError("user file task: labels= only applies to kind='classification'")
-        self.skip_empty = check_flag(self.skip_empty, "skip_empty")
+        self.skip_empty = validate_flag(self.skip_empty, "skip_empty")
         self.skipped: dict[str, list[int]] = {}  # what was empty -> line numbers of the rows skipped
         self.repeated: list[tuple[int, int, bool]] = []  # (line, line of the first row, same label?)
         if self.path is None:  # a placeholder (e.g. for `data list`): no data yet

@@ -258,7 +258,7 @@ def label_warning(
     return None
 
 
-def check_k(pool: Sequence[Example], k: int) -> None:
+def validate_k(pool: Sequence[Example], k: int) -> None:
     """Raise ValueError if ``k`` demonstrations cannot be drawn from ``pool``."""
     if not isinstance(k, int) or k < 0:
         raise ValueError(f"k={k!r}: expected a non-negative integer")

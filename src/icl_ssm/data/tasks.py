@@ -175,7 +175,7 @@ def positive_int(value: Any, what: str, minimum: int = 1) -> int:
     return number
 
 
-def check_flag(value: Any, what: str) -> bool:
+def validate_flag(value: Any, what: str) -> bool:
     """A bool option that may arrive as a string from the command line."""
     if isinstance(value, bool):
         return value

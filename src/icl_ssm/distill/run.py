@@ -37,7 +37,7 @@ def teacher_spec(cfg: DistillConfig, model, tokenizer) -> TeacherSpec:
                        shared_tail_every=cfg.shared_tail_every, answer_leads=leads)
 
 
-def check_out(out: Path, cfg: DistillConfig, resume: bool) -> str:
+def validate_out(out: Path, cfg: DistillConfig, resume: bool) -> str:
     """``"new"``, ``"resume"`` or ``"done"``; refuses an ``--out`` that holds another run."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file, not a directory")
@@ -112,7 +112,7 @@ def train_compressor(cfg: DistillConfig, out: str | Path, *, resume: bool = Fals
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     out = Path(out)
-    state = check_out(out, cfg, resume)
+    state = validate_out(out, cfg, resume)
     if state == "done":
         print(f"{out}: a compressor with this exact configuration is already trained there", file=sys.stderr)
         return out

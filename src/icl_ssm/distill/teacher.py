@@ -49,7 +49,7 @@ FORMAT = 1
 _LATER_FIELDS = ("shared_tail", "shared_tail_every", "answer_leads")  # TeacherSpec fields added after FORMAT 1
 
 
-def check_shared_tail(shared_tail: int, every: int, k: int) -> None:
+def validate_shared_tail(shared_tail: int, every: int, k: int) -> None:
     """The shared-tail settings of :func:`sample_episodes`, or a ValueError naming them."""
     if not isinstance(shared_tail, int) or not 0 <= shared_tail < k:
         raise ValueError(f"shared_tail must be an integer in [0, k={k}), got {shared_tail!r}")
@@ -93,7 +93,7 @@ class TeacherSpec:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not self.tasks:
             raise ValueError("at least one task is needed")
-        check_shared_tail(self.shared_tail, self.shared_tail_every, self.k)
+        validate_shared_tail(self.shared_tail, self.shared_tail_every, self.k)
 
     def key(self) -> str:
         blob = asdict(self)

@@ -37,9 +37,9 @@ from icl_ssm import atomic
 from icl_ssm.compress.cache import compressed_cache, forward_with_prefix, summary_inputs
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.distill.losses import RANK_LEVELS, bucket_kl, hidden_loss, kv_alignment_loss, label_kl, rank_loss
-from icl_ssm.distill.teacher import TeacherCache, check_shared_tail
+from icl_ssm.distill.teacher import TeacherCache, validate_shared_tail
 from icl_ssm.lm.prompts import pad_ids
-from icl_ssm.ssm.layer import check_learn_dt
+from icl_ssm.ssm.layer import validate_learn_dt
 
 COMPRESSOR_FIELDS = ("state_size", "channels", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size",
                      "system", "dt", "learn_dt", "method", "control", "standardize", "position", "gate", "gate_init",
@@ -127,10 +127,10 @@ class DistillConfig:
                      "lambda_label", "gate_lr", "dt_lr"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        check_shared_tail(self.shared_tail, self.shared_tail_every, self.k)
+        validate_shared_tail(self.shared_tail, self.shared_tail_every, self.k)
         if self.rank_level not in RANK_LEVELS:
             raise ValueError(f"rank_level {self.rank_level!r}; accepted: {', '.join(RANK_LEVELS)}")
-        check_learn_dt(self.learn_dt, self.system)
+        validate_learn_dt(self.learn_dt, self.system)
         if self.init_from and self.stage2_epochs == 0:
             raise ValueError(f"--init-from {self.init_from!r} runs stage 2 only, but --stage2-epochs is 0")
         if self.stage1_epochs == 0 and self.stage2_epochs == 0:
@@ -380,7 +380,7 @@ def save_final(out: Path, compressor, cfg, history: list[dict]) -> None:
     ``save_pretrained`` writes into a temporary directory beside them; its files get the mode a
     plain ``open()`` would give (safetensors writes owner-only files) and are renamed into
     ``out`` one by one, the weights last: weights present and no checkpoint left is what
-    ``check_out`` reads as a finished run.
+    ``validate_out`` reads as a finished run.
     """
     tmp = out / ".final.tmp"
     if tmp.exists():

@@ -424,7 +424,7 @@ class FidelityConfig:
     task_options: dict[str, Any] = field(default_factory=dict)  # get_task's options (-o KEY=VALUE, --skip-empty)
     baselines: tuple[str, ...] = ()  # long-context comparison paths: BASELINES
 
-    def check(self) -> None:
+    def validate(self) -> None:
         unknown = sorted(set(self.baselines) - set(BASELINES))
         if unknown:
             raise ValueError(f"--baselines {unknown}; accepted: {', '.join(BASELINES)}")
@@ -454,7 +454,7 @@ def run_fidelity(
     ``on_start(total_subsets)`` is called once the work is known, ``progress(n)`` after each
     batch of ``n`` subsets.
     """
-    config.check()
+    config.validate()
     model, tokenizer = load_model(config.model, device=resolve_device(config.device))
     compressor = load_compressor(config.compressor, model.config).to(model.device)
     control = None

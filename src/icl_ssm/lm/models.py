@@ -13,14 +13,14 @@ module takes ``(model, tokenizer)`` as arguments. Accepted names:
     in-process :func:`tiny_tokenizer`: for smoke runs and tests, never a download.
 
 * a local directory written by ``save_pretrained`` (or a local ``.gguf`` file, converted into
-  the cache the same way as the embedded GGUF, once :func:`check_gguf` has read from its
+  the cache the same way as the embedded GGUF, once :func:`validate_gguf` has read from its
   metadata alone that the model can be served);
 * anything shaped like ``org/name`` is a Hugging Face hub id (Qwen2.5-1.5B/3B/7B-Instruct and
   Llama-3.1-8B-Instruct are the paper's models), loaded with ``from_pretrained``.
 
 The KV compressor replaces the keys and values of a prompt prefix by a few virtual tokens, so
 it needs a decoder-only model whose every layer attends to the whole prefix through a KV cache.
-:func:`check_supported` refuses the rest (sliding-window or linear-attention layers,
+:func:`validate_supported` refuses the rest (sliding-window or linear-attention layers,
 encoder-decoder models, stateful/recurrent models, encoders, models without an LM head).
 """
 
@@ -168,7 +168,7 @@ def load_model(
 
     Raises:
         ValueError: unknown name, a directory without weights, or (as
-            :class:`UnsupportedModelError`) an architecture :func:`check_supported` refuses.
+            :class:`UnsupportedModelError`) an architecture :func:`validate_supported` refuses.
     """
     torch_dtype = resolve_dtype(dtype)
     name = os.fspath(name_or_path)
@@ -273,7 +273,7 @@ def _load_pretrained(
     model_dir: Path, *, dtype: torch.dtype, device: str | torch.device
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     config = AutoConfig.from_pretrained(model_dir)
-    check_supported(config)  # before reading gigabytes of weights
+    validate_supported(config)  # before reading gigabytes of weights
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, config=config, dtype=dtype, device_map={"": str(device)}
     )
@@ -296,7 +296,7 @@ def _load_from_hub(
             f"could not load model {hub_id!r} from the Hugging Face hub ({err}); without hub "
             f"access use an embedded model ({_embedded_names()}) or a local directory"
         ) from err
-    check_supported(config)
+    validate_supported(config)
     model = AutoModelForCausalLM.from_pretrained(
         hub_id, config=config, dtype=dtype, device_map={"": str(device)}, **kwargs
     )
@@ -311,7 +311,7 @@ def _finalise(
     dtype: torch.dtype,
     device: str | torch.device,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    check_supported(model)
+    validate_supported(model)
     model = model.to(device=device, dtype=dtype)
     model.eval()
     model.requires_grad_(False)
@@ -343,7 +343,7 @@ def convert_gguf(
     temporary directories left by a killed process are removed by the next conversion.
 
     ``loader`` (default :func:`load_gguf`) turns the file into ``(model, tokenizer)``; tests
-    swap in a tiny model. Before it runs, :func:`check_gguf` refuses a model that cannot be
+    swap in a tiny model. Before it runs, :func:`validate_gguf` refuses a model that cannot be
     served (:class:`UnsupportedModelError`) or a file that is not GGUF (ValueError);
     ``check=False`` skips that for a file known to be served (an embedded model).
     """
@@ -351,7 +351,7 @@ def convert_gguf(
     if is_converted(target):
         return target
     if check:  # seconds, from the metadata, instead of a refusal after minutes of conversion
-        check_gguf(gguf_path)
+        validate_gguf(gguf_path)
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target.with_name(target.name + ".lock")), timeout=LOCK_TIMEOUT_S):
         if is_converted(target):  # another process finished while we waited for the lock
@@ -440,7 +440,7 @@ def _gguf_cache_key(path: Path) -> str:
     return f"gguf-{path.stem}-{hashlib.sha1(ident.encode()).hexdigest()[:10]}"
 
 
-def check_supported(model_or_config: PreTrainedModel | PretrainedConfig) -> None:
+def validate_supported(model_or_config: PreTrainedModel | PretrainedConfig) -> None:
     """Raise :class:`UnsupportedModelError` unless the KV compressor can serve this model.
 
     Accepted: decoder-only causal LMs whose every layer is full (global) attention over a KV
@@ -457,7 +457,7 @@ def check_supported(model_or_config: PreTrainedModel | PretrainedConfig) -> None
     config = model_or_config.config if is_model else model_or_config
     if not isinstance(config, PretrainedConfig):
         raise TypeError(
-            f"check_supported expects a PreTrainedModel or a PretrainedConfig, "
+            f"validate_supported expects a PreTrainedModel or a PretrainedConfig, "
             f"got {type(model_or_config).__name__}"
         )
     model_type = getattr(config, "model_type", "") or ""
@@ -536,14 +536,14 @@ def gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     return metadata
 
 
-def check_gguf(path: str | os.PathLike[str]) -> PretrainedConfig:
+def validate_gguf(path: str | os.PathLike[str]) -> PretrainedConfig:
     """Refuse, from its metadata alone, a GGUF file whose model the KV compressor cannot serve.
 
     Reads no tensor, so it takes seconds where a conversion (:func:`convert_gguf`) takes
     minutes. Refused, as :class:`UnsupportedModelError` naming the file and its
     ``general.architecture``: a sliding window (``<arch>.attention.sliding_window`` below
     ``<arch>.context_length``), an architecture transformers cannot load from GGUF, and
-    whatever :func:`check_supported` refuses in the config transformers reads from the file.
+    whatever :func:`validate_supported` refuses in the config transformers reads from the file.
     Returns that config.
     """
     path = Path(path)
@@ -570,7 +570,7 @@ def check_gguf(path: str | os.PathLike[str]) -> PretrainedConfig:
             f"architectures it loads: {', '.join(_gguf_architectures()) or 'unknown'}. {SERVED}"
         ) from None
     try:
-        check_supported(config)
+        validate_supported(config)
     except UnsupportedModelError as err:
         raise UnsupportedModelError(f"{where}: {err}") from None
     return config

@@ -324,7 +324,7 @@ class PromptBuilder:
 
     # ------------------------------------------------------------------ checks
 
-    def check(self, demos: Sequence[ExampleLike], query: ExampleLike | None = None) -> None:
+    def validate(self, demos: Sequence[ExampleLike], query: ExampleLike | None = None) -> None:
         """Raise ValueError unless the piecewise ids equal tokenising the whole text at once.
 
         (The spans are exact either way; this checks that the model sees its natural

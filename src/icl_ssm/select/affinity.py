@@ -16,7 +16,15 @@ import torch
 
 from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
-from icl_ssm.select.base import Selection, Selector, arrange, check_selection_inputs, register, top_k, top_k_per_label
+from icl_ssm.select.base import (
+    Selection,
+    Selector,
+    arrange,
+    register,
+    top_k,
+    top_k_per_label,
+    validate_selection_inputs,
+)
 from icl_ssm.select.budget import (
     PILOT_QUERIES,
     RELIABILITY_TARGET,
@@ -137,7 +145,7 @@ class AffinitySelector(Selector):
         return total - second, second
 
     def select(self, pool, validation, k, rng):
-        check_selection_inputs(pool, validation, k)
+        validate_selection_inputs(pool, validation, k)
         n = len(pool)
         if k == n:  # nothing to choose
             return Selection(self.name, list(range(n)), np.zeros(n), details={"estimator": self.estimator})

@@ -111,7 +111,7 @@ def register(name: str) -> Callable[[type[Selector]], type[Selector]]:
     return wrap
 
 
-def check_selection_inputs(pool: Sequence[Example], validation: Sequence[Example], k: int) -> None:
+def validate_selection_inputs(pool: Sequence[Example], validation: Sequence[Example], k: int) -> None:
     """Refuse k <= 0, k > n, a pool with duplicate ids and an empty validation set."""
     if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
         raise ValueError(f"k={k!r}: expected an integer >= 1 demonstrations")
@@ -223,7 +223,7 @@ def arrange(indices: Sequence[int], labels: Sequence[str], order: str, rng: np.r
     return [indices[pos] for _, pos in sorted(key)]
 
 
-def check_positive_sizes(**sizes: int) -> None:
+def validate_positive_sizes(**sizes: int) -> None:
     for name, value in sizes.items():
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}: expected an integer >= 1")

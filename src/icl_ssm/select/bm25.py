@@ -11,7 +11,7 @@ import numpy as np
 
 from icl_ssm.cost import measure
 from icl_ssm.data.tasks import Example
-from icl_ssm.select.base import Selection, Selector, check_selection_inputs, register, top_k
+from icl_ssm.select.base import Selection, Selector, register, top_k, validate_selection_inputs
 
 
 def load_bm25s():
@@ -45,7 +45,7 @@ class BM25Selector(Selector):
         return per_query.astype(np.float64).mean(0)
 
     def select(self, pool, validation, k, rng):
-        check_selection_inputs(pool, validation, k)
+        validate_selection_inputs(pool, validation, k)
         with measure(None, count_flops=False) as cost:
             scores = self.scores(pool, validation)
         return Selection(self.name, top_k(scores, k), scores, cost)

@@ -32,7 +32,7 @@ import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 from scipy.special import ndtr
 
-from icl_ssm.select.base import Selection, Selector, check_selection_inputs, register
+from icl_ssm.select.base import Selection, Selector, register, validate_selection_inputs
 from icl_ssm.select.evaluators import SubsetEvaluator, concat, evaluator_for
 from icl_ssm.select.sampling import balanced_subsets, subsets_for
 
@@ -161,7 +161,7 @@ class BridgeSelector(Selector):
         return self.subsets or subsets_for(n, k)
 
     def select(self, pool, validation, k, rng):
-        check_selection_inputs(pool, validation, k)
+        validate_selection_inputs(pool, validation, k)
         n = len(pool)
         total = self.plan(n, k)
         first = max(2, min(total, round(self.initial * total)))

@@ -151,15 +151,17 @@ def hand_over(result: dict[str, Any], preferred: str, *, keep: bool = False, lev
         reason = (f"{where}; no checked prompt beats it by more than the check can tell (the best, {names[best]}: "
                   f"{bound}); kept") if lower[best] <= 0 else (
             f"{where}; {names[best]} beats it ({bound}) but --keep-selection keeps the pick")
+    compared = total
     if name in rows and "vs_random" in chosen:
         versus = chosen["vs_random"]
         beats, at_or_above = chosen["beats_random"], chosen["at_or_above"]
     else:  # a random prompt handed over: compared with the others
         others = [r for r in result["random"] if r is not chosen]
+        compared = len(others)
         grid = np.array([r["correct"] for r in others] or [chosen["correct"]], dtype=np.float64)
         versus = paired_bootstrap(np.asarray(chosen["correct"], float) - grid.mean(0), seed=seed)
         accs = grid.mean(1)
         beats, at_or_above = float((chosen["accuracy"] > accs).mean()), int((chosen["accuracy"] >= accs).sum())
     return {"name": name, "indices": list(chosen["indices"]), "reason": reason, "replaced": name != preferred,
-            "beats_random": beats, "at_or_above": at_or_above, "random_prompts": total, "vs_random": versus,
+            "beats_random": beats, "at_or_above": at_or_above, "random_prompts": compared, "vs_random": versus,
             "shown_better": versus["ci95"][0] > 0, "zero_shot_best": bool(zero_best)}

@@ -15,7 +15,7 @@ from icl_ssm.cost import measure
 from icl_ssm.data.tasks import Example
 from icl_ssm.lm.hf import logits_to_keep_kwargs
 from icl_ssm.lm.prompts import PromptBuilder, pad_ids
-from icl_ssm.select.base import Selection, Selector, check_positive_sizes, check_selection_inputs, register, top_k
+from icl_ssm.select.base import Selection, Selector, register, top_k, validate_positive_sizes, validate_selection_inputs
 from icl_ssm.select.topk import TopKSelector
 
 
@@ -90,7 +90,7 @@ class GradCESelector(Selector):
     batch: int = 8
 
     def __post_init__(self) -> None:
-        check_positive_sizes(prefilter=self.prefilter, batch=self.batch)
+        validate_positive_sizes(prefilter=self.prefilter, batch=self.batch)
 
     @classmethod
     def from_config(cls, cfg, model, builder, compressor=None, progress=None) -> GradCESelector:
@@ -113,7 +113,7 @@ class GradCESelector(Selector):
         return loss, grad.float()
 
     def select(self, pool, validation, k, rng):
-        check_selection_inputs(pool, validation, k)
+        validate_selection_inputs(pool, validation, k)
         n, m = len(pool), min(len(pool), self.prefilter * k)
         with measure(self.model.device) as cost:
             sim, tokens = TopKSelector(self.model, self.builder, self.batch).similarity(pool, validation)

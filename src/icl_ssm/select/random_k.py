@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from icl_ssm.select.base import Selection, Selector, check_selection_inputs, register, top_k
+from icl_ssm.select.base import Selection, Selector, register, top_k, validate_selection_inputs
 
 
 @register("random")
@@ -10,6 +10,6 @@ class RandomSelector(Selector):
     """``k`` candidates uniformly at random: the baseline every method must beat."""
 
     def select(self, pool, validation, k, rng):
-        check_selection_inputs(pool, validation, k)
+        validate_selection_inputs(pool, validation, k)
         scores = rng.random(len(pool))
         return Selection(self.name, top_k(scores, k), scores)

@@ -37,9 +37,9 @@ from icl_ssm.select.base import (
     Selection,
     Selector,
     arrange,
-    check_selection_inputs,
     order_rng,
     per_label,
+    validate_selection_inputs,
 )
 from icl_ssm.select.bridge import BridgeSelector
 from icl_ssm.select.estimators import ESTIMATORS
@@ -121,7 +121,7 @@ class SelectConfig:
     chat: bool = False
     task_options: dict[str, Any] = field(default_factory=dict)  # get_task's options (-o KEY=VALUE, --skip-empty)
 
-    def check(self) -> None:
+    def validate(self) -> None:
         if self.method not in SELECTORS:
             raise ValueError(f"--method {self.method!r}; accepted: {', '.join(SELECTORS)}")
         if self.evaluator not in EVALUATORS:
@@ -213,7 +213,7 @@ def select_demonstrations(
     ``cfg.budget``, the pilot's and again once the plan is made); ``say(line)`` the pilot's
     findings and the plan before the main round is spent.
     """
-    cfg.check()
+    cfg.validate()
     task = get_task(cfg.task, **cfg.task_options)
     if splits is None:  # a file too small for the default sizes gets splits sized to it (splits.note says so)
         splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k,
@@ -230,7 +230,7 @@ def select_demonstrations(
         selector.say, selector.on_total = say, on_start  # a budget's pilot findings, plan and total
     if isinstance(selector, PromptSearch):
         selector.say, selector.on_total = say, on_start
-    check_selection_inputs(splits.pool, validation, cfg.k)
+    validate_selection_inputs(splits.pool, validation, cfg.k)
     kinds = {e.target for e in splits.pool}
     if (cfg.per_label or cfg.stratify) and len(kinds) > cfg.k:
         flag = "--stratify" if cfg.stratify else "--per-label"
@@ -292,7 +292,7 @@ def select_demonstrations(
 def select_per_query(cfg: SelectConfig, model, tokenizer) -> tuple[dict[str, Any], list[Example], list[Example]]:
     """``cfg.method`` (bm25 or topk) retrieving ``cfg.k`` demonstrations for each test input
     (:func:`~icl_ssm.select.per_query.per_query_selection`); returns ``(summary, pool, test)``."""
-    cfg.check()
+    cfg.validate()
     task = get_task(cfg.task, **cfg.task_options)
     splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k, min_val_size=cfg.queries)
     test = splits.test[: cfg.test_size]

@@ -44,7 +44,15 @@ from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.stats import spearman, spearman_brown, split_half_spearman
 from icl_ssm.select.affinity import search_order
-from icl_ssm.select.base import Selection, Selector, arrange, check_selection_inputs, register, top_k, top_k_per_label
+from icl_ssm.select.base import (
+    Selection,
+    Selector,
+    arrange,
+    register,
+    top_k,
+    top_k_per_label,
+    validate_selection_inputs,
+)
 from icl_ssm.select.estimators import mean_affinity
 from icl_ssm.select.evaluators import SubsetEvaluator, SubsetLosses
 from icl_ssm.select.sampling import balanced_subsets, label_quotas, stratified_subsets
@@ -155,8 +163,9 @@ def plan_lines(plan: SearchPlan, budget: float, screen: str) -> list[str]:
                 else "no order search (two orders do not fit)")]
     if plan.over:
         lines.append(f"warning: {budget / 60:.1f} min cannot hold even {plan.arms} prompts on {plan.queries} dense "
-                     f"queries at {plan.per_prompt['prefix']:.1f} s a prompt and {plan.per_prompt['per_query']:.2f} s a "
-                     "query; the search will run over its budget (--search-minutes)")
+                     f"queries at {plan.per_prompt['prefix']:.1f} s a prompt and "
+                     f"{plan.per_prompt['per_query']:.2f} s a query; the search will run over its budget "
+                     "(--search-minutes)")
     return lines
 
 
@@ -329,7 +338,7 @@ class PromptSearch(Selector):
 
     # -- the search ------------------------------------------------------------------------------
     def select(self, pool, validation, k, rng):
-        check_selection_inputs(pool, validation, k)
+        validate_selection_inputs(pool, validation, k)
         need = max(self.confirm_queries, self.screen_queries if self.screen is not None else 0)
         if len(validation) < need:
             raise ValueError(f"the search needs {need} validation queries (screen_queries={self.screen_queries}, "

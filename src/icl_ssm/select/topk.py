@@ -15,7 +15,7 @@ from icl_ssm.cost import measure
 from icl_ssm.data.tasks import Example
 from icl_ssm.lm.hf import logits_to_keep_kwargs
 from icl_ssm.lm.prompts import PromptBuilder, pad_ids
-from icl_ssm.select.base import Selection, Selector, check_positive_sizes, check_selection_inputs, register, top_k
+from icl_ssm.select.base import Selection, Selector, register, top_k, validate_positive_sizes, validate_selection_inputs
 
 
 @torch.no_grad()
@@ -55,7 +55,7 @@ class TopKSelector(Selector):
     batch: int = 16
 
     def __post_init__(self) -> None:
-        check_positive_sizes(batch=self.batch)
+        validate_positive_sizes(batch=self.batch)
 
     @classmethod
     def from_config(cls, cfg, model, builder, compressor=None, progress=None) -> TopKSelector:
@@ -69,7 +69,7 @@ class TopKSelector(Selector):
         return cos.mean(1).double().cpu().numpy(), tokens
 
     def select(self, pool, validation, k, rng):
-        check_selection_inputs(pool, validation, k)
+        validate_selection_inputs(pool, validation, k)
         with torch.no_grad(), measure(self.model.device) as cost:
             scores, tokens = self.similarity(pool, validation)
         return Selection(self.name, top_k(scores, k), scores, cost, tokens)

@@ -17,13 +17,13 @@ from icl_ssm.ssm import scan as S
 SYSTEMS = ("time_invariant", "scale_invariant")
 
 
-def check_learn_dt(learn_dt: bool, system: str) -> None:
+def validate_learn_dt(learn_dt: bool, system: str) -> None:
     if learn_dt and system != "time_invariant":
         raise ValueError(f"learn_dt needs system='time_invariant' (a scale-invariant scan has no dt), got {system!r}; "
                          "pass --system time_invariant with --learn-dt")
 
 
-def check_channels(channels: int, state_size: int) -> None:
+def validate_channels(channels: int, state_size: int) -> None:
     if isinstance(channels, bool) or not isinstance(channels, int) or channels <= 0 or state_size % channels:
         raise ValueError(f"channels must be a positive divisor of state_size={state_size}, got {channels!r}")
 
@@ -70,7 +70,7 @@ class HiPPOSSM(nn.Module):
         for name, value in (("state_size", state_size), ("input_size", input_size), ("groups", groups)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        check_channels(channels, state_size)
+        validate_channels(channels, state_size)
         self.system, self.dt, self.method, self.impl = system, dt, method, impl
         self.channels = channels
         A, B = hippo.transition("legs", state_size // channels)
@@ -78,7 +78,7 @@ class HiPPOSSM(nn.Module):
             hippo.discretize(A[:1, :1], B[:1], dt, method)  # validates dt and method early
         elif method not in hippo.METHODS:
             raise ValueError(f"method must be one of {hippo.METHODS}, got {method!r}")
-        check_learn_dt(learn_dt, system)
+        validate_learn_dt(learn_dt, system)
         self.learn_dt = learn_dt
         if learn_dt:
             self.log_dt = nn.Parameter(torch.full((groups,), math.log(dt)))
