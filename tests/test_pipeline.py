@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from icl_ssm.cli import main
-from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
-from icl_ssm.pipeline import RunConfig
+from icl_ssm.pipeline import RunConfig, run_splits
 
 SHAPE = ["--state-size", "16", "--num-virtual", "4", "--num-sink", "2", "--latent-size", "8"]
 
@@ -21,6 +20,10 @@ def data(tmp_path):
     return str(path)
 
 
+def pool_of(data, methods=("affinity", "random", "bm25", "topk")):
+    return run_splits(RunConfig(task=data, pool_size=24, k=3, queries=3, methods=methods)).pool
+
+
 def run_args(data, out, *extra):
     return ["run", "--model", "tiny-llama", "--task", data, "--k", "3", "--out", str(out), *SHAPE,
             "--distill-samples", "8", "--pool-size", "24", "--queries", "3", "--test-size", "6",
@@ -29,13 +32,14 @@ def run_args(data, out, *extra):
 
 def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tmp_path, tmp_cache, capsys):
     out = tmp_path / "run"
-    assert main(run_args(data, out, "--evaluator", "compressed")) == 0
+    assert main(run_args(data, out, "--evaluator", "compressed", "--methods", "affinity", "random", "bm25", "topk",
+                         "--equal-cost", "--test-orders", "2")) == 0
     report = json.loads((out / "report.json").read_text())
-    gate = report["gate"]
-    assert gate["evaluator"] == "compressed" and gate["verdict"] in ("compressed", "dense")
-    assert len(gate["checks"]) == 3
+    verdict = report["fidelity_verdict"]
+    assert verdict["evaluator"] == "compressed" and verdict["verdict"] in ("compressed", "dense")
+    assert len(verdict["checks"]) == 4
     failed_warning = "Warning: affinity selected on compressed caches that failed their fidelity check"
-    assert (failed_warning in (out / "report.md").read_text()) == (gate["verdict"] == "dense")
+    assert (failed_warning in (out / "report.md").read_text()) == (verdict["verdict"] == "dense")
     assert report["compressor"]["source"] == "distilled"
     assert (out / "compressor" / "model.safetensors").exists()
     shape = json.loads((out / "compressor" / "config.json").read_text())
@@ -54,14 +58,16 @@ def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tm
     assert report["fidelity"]["subsets"] == 4 and "subset_loss_spearman" in report["fidelity"]
     md = (out / "report.md").read_text()
     assert "affinity" in md and "bm25" in md and "accuracy.png" in md
-    for png in ("accuracy.png", "cost.png", "affinity.png"):
+    for png in ("accuracy.png", "cost.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = [json.loads(x) for x in (out / "selected.jsonl").read_text().splitlines()]
-    assert len({r["id"] for r in rows}) == 3 and report["selected"] == report["selections"][0]["indices"]
+    assert len({r["id"] for r in rows}) == 3 and report["picks"]["affinity"] == report["selections"][0]["indices"]
+    assert [r["id"] for r in rows] == [pool_of(data)[i].id for i in report["handed_over"]["indices"]]
     assert len(rows) == 3 and all(r["text"] in (out / "prompt.txt").read_text() for r in rows)
     stamps = {p.name: p.stat().st_mtime_ns for p in (out / "stages").iterdir()}
     capsys.readouterr()
-    assert main(run_args(data, out, "--evaluator", "compressed")) == 0
+    assert main(run_args(data, out, "--evaluator", "compressed", "--methods", "affinity", "random", "bm25", "topk",
+                         "--equal-cost", "--test-orders", "2")) == 0
     err = capsys.readouterr().err
     assert "fidelity: done before, skipped" in err and "select topk: done before, skipped" in err
     assert "distilling" not in err
@@ -71,7 +77,7 @@ def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tm
     assert main(run_args(data, out, "--per-label", "--order", "interleave", "--methods", "random", "bm25",
                          "--evaluator", "compressed")) == 0
     assert "fidelity: done before, skipped" in capsys.readouterr().err  # only the selections depend on these
-    pool = split(get_task(data), pool_size=24, seed=0).pool
+    pool = pool_of(data, ("random", "bm25"))
     for r in json.loads((out / "report.json").read_text())["selections"][:-1]:  # the last row: zero-shot
         assert {pool[i].target for i in r["indices"]} == {"yes", "no"}
         summary = json.loads((out / "stages" / f"select-{r['method']}.json").read_text())["result"]
@@ -99,13 +105,12 @@ def test_the_fidelity_check_chooses_affinitys_evaluator(data, tmp_path, tmp_cach
     out = tmp_path / "run"
     assert main(run_args(data, out, "--methods", "affinity", "random")) == 0  # --evaluator auto
     report = json.loads((out / "report.json").read_text())
-    gate, rows = report["gate"], report["selections"]
-    assert gate["evaluator"] == gate["verdict"] and rows[0]["evaluator"] == gate["verdict"]
-    dense_row = [r["method"] for r in rows][:-1] == ["affinity", "affinity (dense)", "affinity (dense's time)",
-                                                     "random"]
-    assert dense_row == (gate["verdict"] == "compressed")  # no second, identical dense run
-    said = "Affinity evaluator: dense, because the compressed caches failed their fidelity check"
-    assert (said in (out / "report.md").read_text()) == (gate["verdict"] == "dense")
+    verdict, rows = report["fidelity_verdict"], report["selections"]
+    assert verdict["evaluator"] == verdict["verdict"] and rows[0]["evaluator"] == verdict["verdict"]
+    dense_row = [r["method"] for r in rows][:-1] == ["affinity", "affinity (dense)", "random"]
+    assert dense_row == (verdict["verdict"] == "compressed")  # no second, identical dense run
+    said = "The compressed caches failed their fidelity check"
+    assert (said in (out / "report.md").read_text()) == (verdict["verdict"] == "dense")
     # forced: the reason says so, and the compressed-cache stage already run is not redone
     assert main(run_args(data, out, "--methods", "affinity", "random", "bridge", "--evaluator", "dense",
                          "--no-dense-evaluator")) == 0
@@ -113,7 +118,7 @@ def test_the_fidelity_check_chooses_affinitys_evaluator(data, tmp_path, tmp_cach
     assert report["selections"][0]["evaluator"] == "dense"
     bridge = next(r for r in report["selections"] if r["method"] == "bridge")  # BRIDGE follows the gate too
     assert bridge["evaluator"] == "dense" and len(bridge["indices"]) == len(report["selections"][0]["indices"])
-    assert report["gate"]["reason"].startswith("--evaluator dense was asked for")
+    assert report["fidelity_verdict"]["reason"].startswith("--evaluator dense was asked for")
     assert "Affinity evaluator: dense, because --evaluator dense was asked for" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--evaluator 'window'; accepted: auto, compressed, dense"):
         RunConfig(evaluator="window").validate()
@@ -154,7 +159,8 @@ def test_run_takes_the_shipped_compressor_and_its_accuracies_count_right_answers
     model, tokenizer = load_model("tiny-llama")
     task = get_task(data)
     builder = PromptBuilder.for_model(model, tokenizer, task)
-    splits = split(task, pool_size=24, seed=0, fit=True, k=3, min_val_size=3)
+    splits = run_splits(RunConfig(task=data, pool_size=24, k=3, queries=3, test_size=6,
+                                  methods=("affinity", "random")), task)
     test = splits.test[:6]
     for row in report["selections"]:
         demos = [splits.pool[i] for i in row["indices"]]

@@ -209,8 +209,7 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
     cfg.validate()
     out = atomic.prepare_dir(out)
     task = get_task(cfg.task, **cfg.task_options)
-    splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k,
-                   min_val_size=held_out_start(cfg) + cfg.check_size)
+    splits = run_splits(cfg, task)
     for note in (splits.note, *task.notes(), label_warning(splits.pool, task.labels if task.kind == "classification"
                                                                   else ())):
         if note:
@@ -272,6 +271,14 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
                                                              splits, model, tokenizer, compressor, comp)
     check = check_stage(cfg, stages, selections, splits, model, tokenizer)
     return write_outputs(cfg, out, comp, fidelity, selections, splits, model, tokenizer, check, verdict)
+
+
+def run_splits(cfg: RunConfig, task=None) -> Splits:
+    """The pool, validation and test splits of a run: validation large enough for the selection's
+    queries and the check's examples (a small file gets splits sized to it; ``Splits.note`` says so)."""
+    task = task or get_task(cfg.task, **cfg.task_options)
+    return split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k,
+                 min_val_size=held_out_start(cfg) + cfg.check_size)
 
 
 def held_out_start(cfg: RunConfig) -> int:

@@ -225,7 +225,7 @@ def verdict_lines(report: dict) -> list[str]:
     if evaluator == "compressed" and verdict == "dense":
         lines.insert(0, "Warning: affinity selected on compressed caches that failed their fidelity check "
                         f"({v.get('reason') or '--evaluator compressed was asked for'}).")
-    elif evaluator != verdict:
+    elif evaluator != verdict or str(v.get("reason") or "").startswith("--evaluator"):
         lines.append(f"Affinity evaluator: {evaluator}, because {v.get('reason') or 'it was asked for'}.")
     return lines
 

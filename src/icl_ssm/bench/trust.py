@@ -30,12 +30,11 @@ from typing import Any
 import numpy as np
 
 from icl_ssm import atomic
-from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
 from icl_ssm.evaluate.stats import paired_bootstrap
 from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
-from icl_ssm.pipeline import RunConfig, held_out_start, run_pipeline
+from icl_ssm.pipeline import RunConfig, run_pipeline, run_splits
 from icl_ssm.select.check import random_prompts
 from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.per_query import per_query_selection
@@ -46,8 +45,7 @@ AT_OR_ABOVE_SHARE = 0.75  # a run "holds" when the handed-over prompt is at or a
 def test_rows(cfg: RunConfig, model, tokenizer, prompts: dict[str, list[int]]) -> dict[str, dict]:
     """Per-example test correctness of each named prompt (pool indices in prompt order)."""
     task = get_task(cfg.task, **cfg.task_options)
-    splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k,
-                   min_val_size=held_out_start(cfg) + cfg.check_size)
+    splits = run_splits(cfg, task)
     builder = PromptBuilder.for_model(model, tokenizer, task)
     test = splits.test[: cfg.test_size]
     out = {}
@@ -62,8 +60,7 @@ def trust_run(cfg: RunConfig, report: dict, model, tokenizer, count: int, second
     """One run's record: the handed-over prompt on test beside ``count`` plain and ``count``
     label-balanced random prompts, zero-shot, the run's bm25 / topk picks and per-query bm25."""
     task = get_task(cfg.task, **cfg.task_options)
-    splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k,
-                   min_val_size=held_out_start(cfg) + cfg.check_size)
+    splits = run_splits(cfg, task)
     rng = np.random.default_rng([cfg.seed, 7])
     prompts = {f"plain-{i}": p for i, p in enumerate(random_prompts(len(splits.pool), cfg.k, count, rng))}
     if task.kind == "classification":
