@@ -4,14 +4,14 @@
         --sizes 64 128 256 --random 8 16 --draws 400
 
 Every simulated check resamples the stored validation correctness of real random prompts
-(``research/prompt_correctness.py``): ``n`` examples drawn with replacement, ``R + 1`` prompts
-drawn, and on each example their answers permuted among the prompts, so that every prompt is
-equally good in expectation while each example keeps its difficulty. The first prompt is the
-pick, the others the random prompts. Two scenarios:
+(``research/prompt_correctness.py``): ``R + 2`` stored prompts drawn, each set to the first one's
+accuracy on the stored examples by flipping a few random answers (so they are equally good there
+and keep their real agreement with one another), then ``n`` examples drawn with replacement. The
+first prompt is the pick, the next ``R`` the random prompts. Two scenarios:
 
 - **equal**: nothing else; a replacement is a false alarm;
-- **better**: one more candidate, another permuted prompt with wrong answers turned right until
-  its accuracy is the pick's plus ``--gain`` (0.10): a hand-over of it is a detection.
+- **better**: one more candidate, set to the pick's accuracy plus ``--gain`` (0.10) on the stored
+  examples: a hand-over of it is a detection.
 
 For each, the share of draws in which the current rule (:func:`icl_ssm.select.check.hand_over`)
 replaces the pick / hands over the better candidate, and the same for the rule it replaced
@@ -32,25 +32,29 @@ from icl_ssm.evaluate.stats import paired_bootstrap
 from icl_ssm.select.check import compare_prompts, hand_over
 
 
-def draw_check(correct: np.ndarray, n: int, prompts: int, rng: np.random.Generator) -> np.ndarray:
-    """``(prompts, n)`` 0/1: ``n`` resampled examples, ``prompts`` resampled prompts, each example's
-    answers permuted among the prompts (every prompt equally good in expectation)."""
-    rows = rng.choice(correct.shape[0], prompts, replace=prompts > correct.shape[0])
-    cols = rng.integers(0, correct.shape[1], n)
-    grid = correct[np.ix_(rows, cols)].copy()
-    for j in range(n):
-        grid[:, j] = grid[rng.permutation(prompts), j]
-    return grid
-
-
-def plant_gain(pick: np.ndarray, other: np.ndarray, gain: float, rng: np.random.Generator) -> np.ndarray:
-    """``other`` with wrong answers turned right until its accuracy is the pick's plus ``gain``."""
-    out = other.copy()
-    need = int(round((pick.mean() + gain) * len(out))) - int(out.sum())
-    wrong = np.flatnonzero(out == 0)
-    if need > 0:
-        out[rng.choice(wrong, min(need, len(wrong)), replace=False)] = 1
+def set_accuracy(correct: np.ndarray, accuracy: float, rng: np.random.Generator) -> np.ndarray:
+    """``correct`` (0/1) with randomly chosen answers flipped until its mean is ``accuracy``
+    (right ones turned wrong when it is above, wrong ones turned right when below)."""
+    out = correct.copy()
+    need = int(round(accuracy * len(out))) - int(out.sum())
+    pool = np.flatnonzero(out == (0 if need > 0 else 1))
+    out[rng.choice(pool, min(abs(need), len(pool)), replace=False)] = 1 if need > 0 else 0
     return out
+
+
+def draw_check(correct: np.ndarray, n: int, prompts: int, rng: np.random.Generator,
+               gain: float | None = None) -> np.ndarray:
+    """``(prompts, n)`` 0/1 answers on ``n`` examples resampled from the stored ones: ``prompts``
+    stored prompts drawn, every one set to the first one's accuracy on the stored examples
+    (:func:`set_accuracy`), so that all are equally good there while each keeps most of its own
+    answers (and so its real agreement with the others); with ``gain``, the last one is set to
+    the first one's accuracy plus ``gain`` instead."""
+    rows = rng.choice(correct.shape[0], prompts, replace=prompts > correct.shape[0])
+    grid = correct[rows].copy()
+    target = grid[0].mean()
+    for j in range(1, prompts):
+        grid[j] = set_accuracy(grid[j], target + (gain if gain is not None and j == prompts - 1 else 0.0), rng)
+    return grid[:, rng.integers(0, correct.shape[1], n)]
 
 
 def old_rule(result: dict, preferred: str) -> str:
@@ -71,14 +75,13 @@ def simulate(correct: np.ndarray, n: int, random: int, draws: int, gain: float, 
     rng = np.random.default_rng(seed)
     counts = {"equal_new": 0, "equal_old": 0, "better_new": 0, "better_old": 0}
     for _ in range(draws):
-        grid = draw_check(correct, n, random + 2, rng)
-        pick, others, extra = grid[0], grid[1:-1], grid[-1]
-        randoms = [{"indices": [], "correct": r.tolist()} for r in others]
         for scenario in ("equal", "better"):
-            prompts = {"pick": {"indices": [], "correct": pick.tolist()}}
+            grid = draw_check(correct, n, random + 2, rng, gain=gain if scenario == "better" else None)
+            prompts = {"pick": {"indices": [], "correct": grid[0].tolist()}}
             if scenario == "better":
-                prompts["better"] = {"indices": [], "correct": plant_gain(pick, extra, gain, rng).tolist()}
-            result = compare_prompts(prompts, [dict(r) for r in randoms])
+                prompts["better"] = {"indices": [], "correct": grid[-1].tolist()}
+            randoms = [{"indices": [], "correct": r.tolist()} for r in grid[1:-1]]
+            result = compare_prompts(prompts, randoms)
             new = hand_over(result, "pick")["name"]
             old = old_rule(result, "pick")
             if scenario == "equal":

@@ -105,27 +105,42 @@ def stored_correctness() -> np.ndarray:
     return np.array([p["validation_correct"] for p in record["prompts"]], dtype=np.float64)
 
 
-@pytest.mark.parametrize("scenario", ["equal", "better"])
-def test_hand_over_rates_on_resampled_stored_answers(scenario):
-    """At the run's defaults (256 check examples, 16 random prompts), on resampled answers of real
-    prompts: where every prompt is equally good a random prompt replaces the pick in <= 5% of the
-    draws; a candidate 10 points better than the pick is handed over in >= 80%."""
+def simulation():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("handover_simulation",
                                                   Path(__file__).parents[1] / "research/handover_simulation.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    draw_check, plant_gain = script.draw_check, script.plant_gain
+    return script
+
+
+def test_simulated_prompts_are_equally_good_on_the_stored_examples_or_planted_better():
+    script, correct = simulation(), stored_correctness()
+    grid = script.draw_check(correct, correct.shape[1], 6, np.random.default_rng(0), gain=0.10)
+    assert grid.shape == (6, correct.shape[1])
+    flipped = script.set_accuracy(correct[0], correct[0].mean() - 0.05, np.random.default_rng(1))
+    assert flipped.mean() == pytest.approx(correct[0].mean() - 0.05, abs=1 / correct.shape[1])
+    assert (flipped != correct[0]).sum() == round(0.05 * correct.shape[1])  # no more flips than needed
+
+
+@pytest.mark.parametrize(("scenario", "size"), [("equal", None), ("better", 768)])
+def test_hand_over_rates_on_resampled_stored_answers(scenario, size):
+    """On resampled answers of real prompts, with the run's random prompts: where every prompt is
+    equally good, a random prompt replaces the pick in <= 5% of the draws at the run's check size;
+    a candidate 10 points better than the pick is handed over in >= 80% of the draws once the
+    check has 768 examples (at the run's 128 it is far less: the simulation record has the rates
+    by size)."""
     from icl_ssm.pipeline import RunConfig
 
-    d = RunConfig()
-    correct, rng, hits, draws = stored_correctness(), np.random.default_rng(1), 0, 120
+    d, script = RunConfig(), simulation()
+    correct, rng, hits, draws = stored_correctness(), np.random.default_rng(1), 0, 100
     for _ in range(draws):
-        grid = draw_check(correct, d.check_size, d.random_prompts + 2, rng)
+        grid = script.draw_check(correct, size or d.check_size, d.random_prompts + 2, rng,
+                                 gain=0.10 if scenario == "better" else None)
         prompts = {"pick": {"indices": [], "correct": grid[0].tolist()}}
         if scenario == "better":
-            prompts["better"] = {"indices": [], "correct": plant_gain(grid[0], grid[-1], 0.10, rng).tolist()}
+            prompts["better"] = {"indices": [], "correct": grid[-1].tolist()}
         result = compare_prompts(prompts, [{"indices": [], "correct": r.tolist()} for r in grid[1:-1]])
         name = hand_over(result, "pick")["name"]
         hits += name != "pick" if scenario == "equal" else name == "better"

@@ -35,7 +35,7 @@ from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.sampling import stratified_subsets
 
 ZERO_SHOT = "zero-shot"
-LEVEL = 0.95  # the simultaneous one-sided coverage a replacement needs
+LEVEL = 0.975  # the simultaneous one-sided coverage a replacement needs (research/handover_simulation.py)
 
 
 def random_prompts(pool_size: int, k: int, count: int, rng: np.random.Generator, *,
