@@ -209,3 +209,14 @@ def manual_continuation_logprob(model, context: list[int], continuation: list[in
         total += float(logits.log_softmax(-1)[tok])
         ids.append(tok)
     return total
+
+
+def research_script(name: str):
+    """The module ``research/<name>.py`` (a script, not a package), loaded by path."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "research" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script

@@ -106,13 +106,9 @@ def stored_correctness() -> np.ndarray:
 
 
 def simulation():
-    import importlib.util
+    from helpers import research_script
 
-    spec = importlib.util.spec_from_file_location("handover_simulation",
-                                                  Path(__file__).parents[1] / "research/handover_simulation.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return research_script("handover_simulation")
 
 
 def test_simulated_prompts_are_equally_good_on_the_stored_examples_or_planted_better():

@@ -2,7 +2,6 @@
 hand-made reports, and the verdict's error rates on reports resampled from a stored fidelity report
 with a planted accuracy loss or ranking."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -154,11 +153,9 @@ def test_settings_out_of_range_are_refused_with_what_is_accepted():
 
 
 def _simulation():
-    spec = importlib.util.spec_from_file_location("verdict_simulation",
-                                                  Path(__file__).parents[1] / "research/verdict_simulation.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    from helpers import research_script
+
+    return research_script("verdict_simulation")
 
 
 SIM = _simulation()
