@@ -140,7 +140,7 @@ def hand_over(result: dict[str, Any], preferred: str, *, keep: bool = False, lev
     zero_best = ZERO_SHOT in rows and rows[ZERO_SHOT]["accuracy"] > max(shots)
     where = (f"{preferred} scored {mine['accuracy']:.3f} on {n} held-out examples, at or above "
              f"{mine['at_or_above']} of {total} random prompts (their mean {result['random_mean']:.3f})")
-    bound = f"{means[best]:+.3f}, simultaneous {level:.0%} lower bound {lower[best]:+.3f}"
+    bound = f"{means[best]:+.3f}, simultaneous {level:.1%} lower bound {lower[best]:+.3f}"
     if lower[best] > 0 and not keep:
         name = names[best]
         reason = (f"{where}; {name} beats it by more than the check can tell ({options[name]['accuracy']:.3f}: "

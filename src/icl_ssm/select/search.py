@@ -108,14 +108,20 @@ def fit_confirmation(seconds: float, *, prefix: float, per_query: float, queries
                      max_arms: int = MAX_ARMS, min_queries: int = MIN_CONFIRM_QUERIES) -> tuple[int, int, bool]:
     """``(arms, queries, over)`` of the largest successive halving that fits ``seconds``: the
     queries halved (not below ``min_queries``) until ``min_arms`` prompts fit, then the arms
-    doubled (a power of two times ``min_arms``, at most ``max_arms``) while they fit; ``over``
+    doubled while they fit, then grown a quarter at a time (at most ``max_arms``); ``over``
     when even ``min_arms`` on ``min_queries`` do not."""
     q = queries
     while q > min_queries and rungs_seconds(rungs_for(min_arms, q), prefix, per_query) > seconds:
         q = max(min_queries, q // 2)
+    def fits(m: int) -> bool:
+        return m <= max_arms and rungs_seconds(rungs_for(m, q), prefix, per_query) <= seconds
+
     arms = min_arms
-    while arms * 2 <= max_arms and rungs_seconds(rungs_for(arms * 2, q), prefix, per_query) <= seconds:
+    while fits(arms * 2):
         arms *= 2
+    step = max(1, arms // 4)  # then a quarter at a time, so that little of the share is left unused
+    while fits(arms + step):
+        arms += step
     return arms, q, rungs_seconds(rungs_for(arms, q), prefix, per_query) > seconds
 
 
