@@ -178,7 +178,7 @@ def test_run_searches_checks_the_pick_against_random_prompts_and_hands_over_what
     out = tmp_path / "run"
     args = ["run", "--model", "tiny-llama", "--task", str(data), "--k", "3", "--out", str(out), "--pool-size", "24",
             "--queries", "3", "--test-size", "6", "--fidelity-subsets", "4", "--fidelity-queries", "2",
-            "--distill-samples", "8", "--check-size", "5", "--random-prompts", "3", "--methods", "search",
+            "--distill", "--distill-samples", "8", "--check-size", "5", "--random-prompts", "3", "--methods", "search",
             "affinity", "random", "--no-dense-evaluator", "--search-minutes", "0.2", "--screen-queries", "4",
             "--confirm-queries", "8"]
     assert main(args) == 0

@@ -24,10 +24,11 @@ def pool_of(data, methods=("affinity", "random", "bm25", "topk")):
     return run_splits(RunConfig(task=data, pool_size=24, k=3, queries=3, methods=methods)).pool
 
 
-def run_args(data, out, *extra):
+def run_args(data, out, *extra, distill=True):
     return ["run", "--model", "tiny-llama", "--task", data, "--k", "3", "--out", str(out), *SHAPE,
             "--distill-samples", "8", "--pool-size", "24", "--queries", "3", "--test-size", "6",
-            "--fidelity-subsets", "4", "--fidelity-queries", "2", "--subsets", "8", "--batch", "4", *extra]
+            "--fidelity-subsets", "4", "--fidelity-queries", "2", "--subsets", "8", "--batch", "4",
+            *(["--distill"] if distill else []), *extra]
 
 
 def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tmp_path, tmp_cache, capsys):
@@ -91,6 +92,24 @@ def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tm
     assert json.loads((out / "stages" / "select-random.json").read_text())["result"]["stratified"] is False
 
 
+def test_without_a_compressor_run_selects_on_dense_caches_and_searches_without_a_screen(data, tmp_path, tmp_cache,
+                                                                                      capsys):
+    out = tmp_path / "plain"
+    args = ["run", "--model", "tiny-llama", "--task", data, "--k", "3", "--out", str(out), "--pool-size", "24",
+            "--queries", "3", "--test-size", "6", "--check-size", "5", "--random-prompts", "3", "--methods",
+            "search", "affinity", "random", "--search-minutes", "0.1", "--screen-queries", "4",
+            "--confirm-queries", "8"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "no compressor is shipped for tiny-llama" in err and "distilling" not in err
+    report = json.loads((out / "report.json").read_text())
+    assert report["compressor"]["source"] == "none" and report["fidelity"] is None
+    assert report["fidelity_verdict"]["evaluator"] == "dense" and report["search"]["screen"] == "none"
+    assert not (out / "compressor").exists() and "Not measured." in (out / "report.md").read_text()
+    assert main([*args, "--evaluator", "compressed"]) == 2
+    assert "--evaluator compressed needs a compressor" in capsys.readouterr().err
+
+
 def test_run_refuses_bad_input(data, tmp_path, tmp_cache, capsys):
     (tmp_path / "file").write_text("x")
     assert main(run_args(data, tmp_path / "file")) == 2
@@ -149,7 +168,7 @@ def test_run_takes_the_shipped_compressor_and_its_accuracies_count_right_answers
     monkeypatch.setattr(pretrained_mod, "pretrained_root", lambda: tmp_path / "shipped")
     out = tmp_path / "run"
     assert main(run_args(data, out, "--methods", "affinity", "random", "--no-dense-evaluator", "--evaluator",
-                         "compressed", "--test-orders", "0")) == 0
+                         "compressed", "--test-orders", "0", distill=False)) == 0
     assert "using the compressor shipped for tiny-llama" in capsys.readouterr().err
     report = json.loads((out / "report.json").read_text())
     assert report["compressor"]["source"] == "shipped" and "distilling" not in str(report["compressor"])

@@ -38,7 +38,7 @@ def test_run_trust_on_a_tiny_model_reuses_the_first_compressor(tmp_path, tmp_cac
     task = get_task("coin_flip", size=120)
     data = tmp_path / "coin.jsonl"
     data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n" for e in task.examples()))
-    base = RunConfig(model="tiny-llama", k=3, state_size=16, num_virtual=4, num_sink=2, latent_size=8,
+    base = RunConfig(model="tiny-llama", k=3, distill=True, state_size=16, num_virtual=4, num_sink=2, latent_size=8,
                      distill_samples=8, pool_size=24, queries=3, test_size=6, fidelity_subsets=4,
                      fidelity_queries=2, subsets=8, batch=4, test_orders=0, methods=("affinity", "random"),
                      check_size=8,

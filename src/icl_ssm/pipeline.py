@@ -61,7 +61,7 @@ class RunConfig:
     seed: int = 0
     compressor: str | None = None  # a trained compressor directory; default: shipped or distilled
     control: str | None = None  # a control compressor (prompt-independent) for the fidelity comparison
-    distill: bool = False  # distil even when a shipped compressor matches
+    distill: bool = False  # distil a compressor first (even when one is shipped; without one, run uses dense caches)
     distill_samples: int = 64
     distill_epochs: float = 1.0
     state_size: int = _RECIPE.state_size
@@ -177,7 +177,9 @@ def say(message: str) -> None:
 
 
 def resolve_compressor(cfg: RunConfig, out: Path, stages: Stages) -> dict:
-    """Stage 1: which compressor (and control) to use; distils one when none is available."""
+    """Stage 1: which compressor (and control) to use: the one given, else the one shipped for the
+    model and task, else one distilled with ``--distill``, else none (``{"compressor": None}``):
+    the evaluators then use dense caches and the search runs without a screen."""
     if cfg.compressor:
         load_compressor(cfg.compressor)  # a clear error now rather than after the other stages
         return {"compressor": str(Path(cfg.compressor).resolve()), "control": cfg.control, "source": "given"}
@@ -188,6 +190,11 @@ def resolve_compressor(cfg: RunConfig, out: Path, stages: Stages) -> dict:
         say(f"using the compressor shipped for {cfg.model} / {cfg.task} ({shipped.name}, trained at k={recipe['k']})")
         return {"compressor": str(shipped / "compressor"), "control": cfg.control or
                 (str(control) if control.is_dir() else None), "source": "shipped", "recipe": recipe}
+    if not cfg.distill:
+        say(f"no compressor is shipped for {cfg.model} / {cfg.task}: selecting on dense caches, the search without a "
+            "screen (a compressor distilled in a run has not passed its fidelity verdict in any run measured, "
+            "docs/research/prompt-search.md; --distill distils one first, --compressor DIR takes one)")
+        return {"compressor": None, "control": None, "source": "none"}
     dcfg = DistillConfig(model=cfg.model, tasks=(cfg.task,), k=cfg.k, samples=cfg.distill_samples,
                          seed=cfg.seed, state_size=cfg.state_size, num_virtual=cfg.num_virtual,
                          num_sink=cfg.num_sink, latent_size=cfg.latent_size, num_recent=cfg.num_recent,
@@ -221,22 +228,10 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
     atomic.write_json(out / "run_config.json", asdict(cfg))
     comp = resolve_compressor(cfg, out, stages)
 
-    fcfg = FidelityConfig(model=cfg.model, task=cfg.task, k=cfg.k, compressor=comp["compressor"],
-                          control=comp.get("control"), subsets=cfg.fidelity_subsets, queries=cfg.fidelity_queries,
-                          seed=cfg.seed, batch=cfg.batch, query_batch=cfg.query_batch,
-                          task_options=cfg.task_options)
-    key = _key([asdict(fcfg), comp])
-    fidelity = stages.get("fidelity", key)
-    if fidelity is None:
-        with stage_bar("fidelity", "subsets") as (on_start, advance):
-            fidelity = run_fidelity(fcfg, on_start=on_start, progress=advance)
-        fidelity = stages.put("fidelity", key, fidelity)
-    else:
-        say("fidelity: done before, skipped")
-
+    fidelity = None if comp["compressor"] is None else fidelity_stage(cfg, comp, stages)
     verdict = choose_evaluator(cfg, fidelity)
     model, tokenizer = load_model(cfg.model)
-    compressor = load_compressor(comp["compressor"], model.config)
+    compressor = None if comp["compressor"] is None else load_compressor(comp["compressor"], model.config)
     base = SelectConfig(model=cfg.model, task=cfg.task, k=cfg.k, compressor=comp["compressor"],
                         estimator=cfg.estimator, subsets=cfg.subsets, queries=cfg.queries, test_size=cfg.test_size,
                         pool_size=cfg.pool_size, seed=cfg.seed, batch=cfg.batch, query_batch=cfg.query_batch,
@@ -281,6 +276,22 @@ def run_splits(cfg: RunConfig, task=None) -> Splits:
                  min_val_size=held_out_start(cfg) + cfg.check_size)
 
 
+def fidelity_stage(cfg: RunConfig, comp: dict, stages: Stages) -> dict:
+    """Stage 2: the compressor's fidelity on held-out subsets, beside its control when there is one."""
+    fcfg = FidelityConfig(model=cfg.model, task=cfg.task, k=cfg.k, compressor=comp["compressor"],
+                          control=comp.get("control"), subsets=cfg.fidelity_subsets, queries=cfg.fidelity_queries,
+                          seed=cfg.seed, batch=cfg.batch, query_batch=cfg.query_batch,
+                          task_options=cfg.task_options)
+    key = _key([asdict(fcfg), comp])
+    fidelity = stages.get("fidelity", key)
+    if fidelity is not None:
+        say("fidelity: done before, skipped")
+        return fidelity
+    with stage_bar("fidelity", "subsets") as (on_start, advance):
+        fidelity = run_fidelity(fcfg, on_start=on_start, progress=advance)
+    return stages.put("fidelity", key, fidelity)
+
+
 def held_out_start(cfg: RunConfig) -> int:
     """Validation examples the selection methods read (the first ones); the check's come after."""
     search = max(cfg.confirm_queries, cfg.screen_queries) if "search" in cfg.methods else 0
@@ -294,8 +305,9 @@ def search_config(cfg: RunConfig, base: SelectConfig, verdict: dict, selections:
     screen = cfg.screen
     if screen == "auto":
         screen = "compressed" if verdict["evaluator"] == "compressed" else "none"
-        passed = "passed" if screen == "compressed" else "failed"
-        say(f"search: screen {screen} (the compressed caches {passed} their fidelity check; --screen chooses)")
+        why = ("the compressed caches passed their fidelity check" if screen == "compressed" else
+               "no compressor" if not base.compressor else "the compressed caches failed their fidelity check")
+        say(f"search: screen {screen} ({why}; --screen chooses)")
     seeds = {name: list(s["indices"]) for name, s in selections.items() if s.get("indices")}
     return replace(base, method="search", screen=screen, search_minutes=cfg.search_minutes,
                    screen_queries=cfg.screen_queries, confirm_queries=cfg.confirm_queries, seeds=seeds,
@@ -326,11 +338,18 @@ def equal_cost_stage(cfg: RunConfig, stages: Stages, base: SelectConfig, dense: 
     return stages.put("select-affinity-equal-cost", key, summary)
 
 
-def choose_evaluator(cfg: RunConfig, fidelity: dict) -> dict:
+def choose_evaluator(cfg: RunConfig, fidelity: dict | None) -> dict:
     """The evaluator of affinity, BRIDGE and the search's screen:
     :func:`~icl_ssm.evaluate.verdict.fidelity_verdict` on the fidelity stage (``cfg.evaluator="auto"``),
     or the one ``cfg.evaluator`` forces. The verdict is printed whether it passes or fails; a
-    forced evaluator says so, and compressed caches forced against a failed verdict are warned about."""
+    forced evaluator says so, and compressed caches forced against a failed verdict are warned about.
+    Without a compressor (``fidelity`` None) the evaluator is dense and the reason says so."""
+    if fidelity is None:
+        if cfg.evaluator == "compressed":
+            raise ValueError(f"--evaluator compressed needs a compressor, and none is shipped for --model {cfg.model} "
+                             f"and --task {cfg.task}: pass --compressor DIR or --distill")
+        reason = "no compressor was given, shipped or distilled, so affinity scores subsets on dense caches"
+        return {"evaluator": "dense", "verdict": "dense", "reason": reason, "summary": reason, "checks": []}
     verdict = fidelity_verdict(fidelity, max_accuracy_drop=cfg.max_accuracy_drop)
     verdict["verdict"] = verdict["evaluator"]
     if verdict.get("summary") and verdict["verdict"] == "compressed":  # a failed verdict is said below, once
@@ -410,7 +429,7 @@ _ROW_KEYS = ("method", "evaluator", "test_accuracy", "flops", "wall_seconds", "s
              "queries_used", "validation_size", "score_reliability")
 
 
-def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selections: dict[str, dict],
+def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict | None, selections: dict[str, dict],
                   splits: Splits, model, tokenizer, check: dict | None = None, verdict: dict | None = None) -> dict:
     """selected.jsonl + prompt.txt (the prompt handed over: the method's pick when it passed the
     check against random prompts, else the best-checked prompt) and the report."""
@@ -447,7 +466,8 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict, selecti
     search = selections.get("search")
     report = {
         "model": cfg.model, "task": cfg.task, "k": cfg.k, "seed": cfg.seed,
-        "compressor": comp, "fidelity": {k: v for k, v in fidelity.items() if k not in ("config", "argv")},
+        "compressor": comp,
+        "fidelity": None if fidelity is None else {k: v for k, v in fidelity.items() if k not in ("config", "argv")},
         "selections": rows,
         "affinity_scores": selections["affinity"]["scores"] if "affinity" in selections else None,
         "picks": {name: s["indices"] for name, s in selections.items()}, "preferred": preferred,
