@@ -3,10 +3,11 @@
 Stages, each recorded in ``OUT/stages/<name>.json`` (written atomically, keyed by the settings
 that produced it, so a rerun skips what is already done and an interrupted run continues):
 
-1. ``compressor`` - ``--compressor DIR`` if given; else one already trained in ``OUT/compressor``;
-   else the compressor shipped with the package for this model and task; else a short
-   ``icl-ssm distill`` into ``OUT/compressor`` (resumed if interrupted);
-2. ``fidelity`` - ``icl-ssm fidelity`` on held-out subsets, with the shipped control when there is one;
+1. ``compressor`` - ``--compressor DIR`` if given; else the compressor shipped with the package
+   for this model and task; else, with ``--distill``, a short ``icl-ssm distill`` into
+   ``OUT/compressor`` (resumed if interrupted); else none (dense caches, the search unscreened);
+2. ``fidelity`` - ``icl-ssm fidelity`` on held-out subsets, with the shipped control when there is
+   one, and the fidelity verdict (:mod:`icl_ssm.evaluate.verdict`); skipped without a compressor;
 3. ``select-<method>`` - the prompt search (``search``: screen, dense confirmation, order;
    :mod:`icl_ssm.select.search`), ``affinity`` on compressed caches, the baselines, and
    (``--dense-evaluator``) affinity on dense caches for the cost and quality comparison; each
