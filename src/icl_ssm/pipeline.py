@@ -370,6 +370,11 @@ def choose_evaluator(cfg: RunConfig, fidelity: dict | None) -> dict:
     return verdict
 
 
+def preferred_pick(selections: dict[str, dict]) -> str:
+    """The stage whose pick the check judges: the search, else affinity, else the first run."""
+    return next((m for m in ("search", "affinity") if m in selections), next(iter(selections)))
+
+
 def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], splits: Splits, model,
                 tokenizer) -> dict:
     """Every method's pick, zero-shot and ``cfg.random_prompts`` random prompts (drawn under the
@@ -377,7 +382,7 @@ def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], spl
     ones selection read), then which prompt to hand over and why
     (:func:`~icl_ssm.select.check.hand_over`); also the test accuracy of zero-shot and of every
     random prompt (the spread a user would meet without selection)."""
-    preferred = next((m for m in ("search", "affinity") if m in selections), next(iter(selections)))
+    preferred = preferred_pick(selections)
     # the search screened and confirmed the other picks already: only its own is checked beside random prompts
     names = [preferred] if preferred == "search" else list(selections)
     candidates = {name: selections[name]["indices"] for name in names}
@@ -437,8 +442,7 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict | None, 
     from icl_ssm.report import write_report
 
     pool = splits.pool
-    preferred = (check or {}).get("preferred") or next((m for m in ("search", "affinity") if m in selections),
-                                                       next(iter(selections)))
+    preferred = (check or {}).get("preferred") or preferred_pick(selections)
     pick = selections[preferred]
     handed = (check or {}).get("handed_over") or {"name": preferred, "indices": pick["indices"]}
     scores = pick.get("scores") if handed["indices"] == pick["indices"] else None

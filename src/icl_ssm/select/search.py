@@ -42,7 +42,7 @@ import numpy as np
 
 from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
-from icl_ssm.evaluate.stats import spearman, spearman_brown, split_half_spearman
+from icl_ssm.evaluate.stats import spearman
 from icl_ssm.select.affinity import search_order
 from icl_ssm.select.base import (
     Selection,
@@ -54,7 +54,7 @@ from icl_ssm.select.base import (
     validate_selection_inputs,
 )
 from icl_ssm.select.estimators import mean_affinity
-from icl_ssm.select.evaluators import SubsetEvaluator, SubsetLosses
+from icl_ssm.select.evaluators import SubsetEvaluator, SubsetLosses, concat, reliability, split_half
 from icl_ssm.select.sampling import balanced_subsets, label_quotas, stratified_subsets
 
 SOURCES = ("random", "balanced", "affinity", "seed", "swap")
@@ -428,7 +428,7 @@ class PromptSearch(Selector):
             add(self._balanced(pool_labels, k, half, rng), "balanced")
             seeded = add(list(self.seeds.values()), "seed")
             ranked = seeded + [a for a in arms.values() if a not in seeded]  # the given picks always confirmed
-        screen_stats = _screen_stats(screen_results, ranked)
+        screen_stats = _screen_stats(screen_results)
 
         # confirm: successive halving on the dense prompt, replanned on the time left
         t0 = self.clock()
@@ -504,16 +504,13 @@ def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def _screen_stats(results: Sequence[SubsetLosses], ranked: Sequence[Arm]) -> dict[str, Any]:
-    """Split-half reliability of the screen's prompt losses (over its queries), on the prompts
-    screened with per-query losses."""
+def _screen_stats(results: Sequence[SubsetLosses]) -> dict[str, Any]:
+    """Split-half reliability of the screen's prompt losses (over its queries)
+    (:func:`~icl_ssm.select.evaluators.split_half`, :func:`~icl_ssm.select.evaluators.reliability`),
+    on the prompts screened with per-query losses."""
     rows = [r for r in results if r.query_losses is not None and len(r.losses)]
     if not rows:
         return {"screen_split_half": None, "screen_reliability": None}
-    q = np.concatenate([r.query_losses for r in rows])
-    labels = rows[0].query_labels
-    if q.shape[0] < 3 or q.shape[1] < 2:
-        return {"screen_split_half": None, "screen_reliability": None}
-    half = split_half_spearman(q, labels)
-    return {"screen_split_half": _finite(half),
-            "screen_reliability": _finite(spearman_brown(half) if half > 0 else 0.0) if math.isfinite(half) else None}
+    merged = concat(*rows)
+    r = reliability(split_half(merged), merged.query_losses.shape[1])
+    return {"screen_split_half": r["split_half"], "screen_reliability": r["reliability"]}
