@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP_FLAGS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 STAMP := $(VENV)/.icl-ssm-installed
 
-.PHONY: test demo install lint bench clean
+.PHONY: test demo install lint bench clean claims claims-write
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,15 @@ $(STAMP): pyproject.toml $(CONSTRAINTS) | $(PY)
 
 install: $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) claims
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the published tables against the records in docs/results/ (reads JSON, runs no model)
+claims: $(STAMP)
+	$(PY) tools/claims.py
+
+claims-write: $(STAMP)
+	$(PY) tools/claims.py --write
 
 DEMO_OUT ?= demo
 

@@ -211,11 +211,11 @@ def manual_continuation_logprob(model, context: list[int], continuation: list[in
     return total
 
 
-def research_script(name: str):
-    """The module ``research/<name>.py`` (a script, not a package), loaded by path."""
+def research_script(name: str, folder: str = "research"):
+    """The module ``<folder>/<name>.py`` (a script, not a package), loaded by path."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "research" / f"{name}.py"
+    path = Path(__file__).resolve().parents[1] / folder / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
