@@ -6,6 +6,7 @@ import torch
 
 from icl_ssm.ssm import hippo
 from icl_ssm.ssm import scan as S
+from icl_ssm.ssm.legs import legs_kernel, legs_kernel_slabs, legs_scan, legs_scan_fast, legs_scan_reference
 
 C = 8  # chunk used throughout, small so that every edge case is cheap
 TOL = {torch.float64: 1e-9, torch.float32: 1e-4}
@@ -203,26 +204,26 @@ def test_discretize_steps_rejects_bad_steps():
 @pytest.mark.parametrize("T", [1, C - 1, C, C + 1, 10 * C + 3])
 def test_legs_fast_equals_reference(T, dtype):
     x, Bbar = data(T=T, G=2, N=10, dtype=dtype)
-    ref = S.legs_scan_reference(x.double(), Bbar.double(), method="zoh").to(dtype)
-    close(S.legs_scan(x, Bbar, chunk=C), ref, dtype)
+    ref = legs_scan_reference(x.double(), Bbar.double(), method="zoh").to(dtype)
+    close(legs_scan(x, Bbar, chunk=C), ref, dtype)
 
 
 @pytest.mark.parametrize("L, N, start, stop", [(1, 1, 0, 1), (37, 16, 0, 37), (37, 16, 9, 20), (1700, 64, 300, 556)])
 def test_legs_kernel_slabs_equal_the_reference_kernel(L, N, start, stop):
-    ref = S.legs_kernel(L, N, start, stop)  # (C, J, N)
-    slabs = S.legs_kernel_slabs(L, N, start, stop)  # (J, N, C)
+    ref = legs_kernel(L, N, start, stop)  # (C, J, N)
+    slabs = legs_kernel_slabs(L, N, start, stop)  # (J, N, C)
     assert slabs.shape == (N, N, stop - start)
     torch.testing.assert_close(slabs, ref.permute(1, 2, 0), rtol=0, atol=1e-9 * ref.abs().max().item())
-    assert S.legs_kernel_slabs(L, N, start, stop, torch.float32).dtype == torch.float32
+    assert legs_kernel_slabs(L, N, start, stop, torch.float32).dtype == torch.float32
 
 
 def test_legs_padded_batch_equals_each_alone():
     x, mask, alone = padded_batch([1, C - 1, 3 * C + 2], "middle")
     _, Bbar = data(N=10)
-    out = S.legs_scan_fast(x, Bbar, mask=mask, chunk=C)
-    close(out, S.legs_scan_reference(x, Bbar, mask=mask), torch.float64)
+    out = legs_scan_fast(x, Bbar, mask=mask, chunk=C)
+    close(out, legs_scan_reference(x, Bbar, mask=mask), torch.float64)
     for i, seq in enumerate(alone):
-        close(out[i : i + 1], S.legs_scan_reference(seq, Bbar), torch.float64)
+        close(out[i : i + 1], legs_scan_reference(seq, Bbar), torch.float64)
 
 
 def test_legs_state_is_the_legendre_projection_of_the_whole_history():
@@ -231,26 +232,26 @@ def test_legs_state_is_the_legendre_projection_of_the_whole_history():
     N, T = 16, 150
     _, B = hippo.transition("legs", N)
     u = torch.randn(2, T, 1, dtype=torch.float64).cumsum(1)
-    state = S.legs_scan(u, B[:, None].clone(), chunk=C)
+    state = legs_scan(u, B[:, None].clone(), chunk=C)
     edges = hippo.shifted_legendre_integral(torch.arange(T + 1, dtype=torch.float64) / T, N)
     projection = torch.einsum("bt,tn->bn", u[..., 0], edges[1:] - edges[:-1])
     close(state, projection, torch.float64)
     # and it is what reconstructs the history: the error shrinks as N grows
-    assert S.legs_scan(u, hippo.transition("legs", 1)[1][:, None].clone()).shape == (2, 1)
+    assert legs_scan(u, hippo.transition("legs", 1)[1][:, None].clone()).shape == (2, 1)
 
 
 def test_legs_gradients_flow():
     x, Bbar = data(T=2 * C + 1, N=6, H=3)
     x.requires_grad_(True)
     Bbar.requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda x, b: S.legs_scan_fast(x, b, chunk=C), (x, Bbar))
+    assert torch.autograd.gradcheck(lambda x, b: legs_scan_fast(x, b, chunk=C), (x, Bbar))
 
 
 @pytest.mark.parametrize("method", hippo.METHODS)
 def test_legs_reference_states_end_in_final_state(method):
     x, Bbar = data(T=C + 3, N=6)
-    states = S.legs_scan(x, Bbar, impl="reference", method=method, return_states=True)
-    final = S.legs_scan(x, Bbar, impl="reference", method=method)
+    states = legs_scan(x, Bbar, impl="reference", method=method, return_states=True)
+    final = legs_scan(x, Bbar, impl="reference", method=method)
     torch.testing.assert_close(states[:, -1], final)
 
 
@@ -280,8 +281,8 @@ def bad_cases():
         ("impl", lambda: S.scan(x, Bbar, Abar, impl="cuda"), "impl must be one of"),
         ("chunk", lambda: S.scan(x, Bbar, Abar, chunk=0), "chunk must be a positive integer, got 0"),
         ("paper states", lambda: S.scan(x, Bbar, Abar, impl="paper", return_states=True), "final states only"),
-        ("legs bilinear fast", lambda: S.legs_scan(x, Bbar, method="bilinear"), "method='zoh'"),
-        ("legs method", lambda: S.legs_scan(x, Bbar, method="foh"), "method must be one of"),
+        ("legs bilinear fast", lambda: legs_scan(x, Bbar, method="bilinear"), "method='zoh'"),
+        ("legs method", lambda: legs_scan(x, Bbar, method="foh"), "method must be one of"),
         ("cache", lambda: S.PowerCache(torch.ones(3, 4)), "square (N, N)"),
     ]
 

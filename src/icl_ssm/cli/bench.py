@@ -34,6 +34,7 @@ from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.scoring import score_labels
 from icl_ssm.pipeline import RunConfig
 from icl_ssm.ssm import scan as S
+from icl_ssm.ssm.legs import legs_kernel, legs_kernel_slabs, legs_scan_fast
 
 
 def _print_table(result: dict) -> None:
@@ -137,7 +138,7 @@ def _run_label_scores(args: argparse.Namespace) -> int:
 
 def _run_legs_kernel(args: argparse.Namespace) -> int:
     """The scale-invariant LegS scan's data-independent kernel, one chunk: the reference
-    builder (:func:`scan.legs_kernel`) against the slab builder the fast scan uses, then one
+    builder (:func:`legs.legs_kernel`) against the slab builder the fast scan uses, then one
     training step's scan (forward and backward, a batch of prompts of distinct lengths)."""
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -145,10 +146,10 @@ def _run_legs_kernel(args: argparse.Namespace) -> int:
     start = max(0, L // 2 - C // 2)
 
     def reference():
-        return S.legs_kernel(L, N, start, start + C)
+        return legs_kernel(L, N, start, start + C)
 
     def slabs():
-        return S.legs_kernel_slabs(L, N, start, start + C)
+        return legs_kernel_slabs(L, N, start, start + C)
 
     gen = torch.Generator().manual_seed(args.seed)
     x = torch.randn(args.batch, L, args.H, generator=gen)
@@ -158,7 +159,7 @@ def _run_legs_kernel(args: argparse.Namespace) -> int:
         mask[i, L - 7 * i:] = False
 
     def step():
-        S.legs_scan_fast(x, Bbar, mask, chunk=args.chunk, check_finite=False).sum().backward()
+        legs_scan_fast(x, Bbar, mask, chunk=args.chunk, check_finite=False).sum().backward()
 
     reference(), slabs()  # warm-up
     seconds = time_interleaved((reference, slabs), args.repeats)

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from icl_ssm.ssm import hippo
 from icl_ssm.ssm import scan as S
+from icl_ssm.ssm.legs import legs_scan
 
 SYSTEMS = ("time_invariant", "scale_invariant")
 
@@ -33,7 +34,7 @@ class HiPPOSSM(nn.Module):
 
     * ``system="time_invariant"``: ``Abar`` from :func:`hippo.discretize` with step ``dt``
       (``method`` bilinear or zoh); the scan is :func:`scan.scan_fast` with powers cached.
-    * ``system="scale_invariant"``: the exact (zoh) LegS scan, :func:`scan.legs_scan`; its
+    * ``system="scale_invariant"``: the exact (zoh) LegS scan, :func:`legs.legs_scan`; its
       state is the Legendre projection of the whole prompt, whatever its length.
 
     ``Bbar: (G, N, H)`` is initialised so that each state coordinate starts with unit-scale
@@ -121,7 +122,7 @@ class HiPPOSSM(nn.Module):
 
     def _scan(self, x: Tensor, Bbar: Tensor, mask: Tensor | None) -> Tensor:
         if self.system == "scale_invariant":
-            return S.legs_scan(x, Bbar, mask, impl=self.impl, check_finite=False)
+            return legs_scan(x, Bbar, mask, impl=self.impl, check_finite=False)
         if self.learn_dt:
             if self._A is None or self._A.device != x.device:  # the continuous LegS matrix, built once
                 self._A = hippo.transition("legs", self.channel_size)[0].to(x.device)

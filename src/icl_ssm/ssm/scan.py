@@ -25,7 +25,7 @@ each other:
   ``U = X Bbar^T`` then chunk-GEMM scheme). All states use a chunk-parallel scan. Memory
   beyond the input is ``O(C N^2 + batch T N)``, never ``O(T N^2)``.
 
-The scale-invariant LegS scan (:func:`legs_scan`) lives at the end of the module.
+The scale-invariant LegS scan, whose step matrices change with time, is :mod:`icl_ssm.ssm.legs`.
 """
 
 from __future__ import annotations
@@ -37,100 +37,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from icl_ssm.ssm import hippo
+from icl_ssm.ssm.inputs import check_chunk, finish, project, shape_of, validate
 
 IMPLS = ("reference", "paper", "fast")
-
-
-LEGS_IMPLS = ("reference", "fast")
-
-
-@dataclass
-class _Inputs:
-    x: Tensor  # (B, T, H)
-    Bbar: Tensor  # (G, N, H)
-    mask: Tensor | None  # (B, T) bool
-    grouped: bool  # whether the caller passed (G, N, H)
-    check_finite: bool = True
-
-    @property
-    def N(self) -> int:
-        return self.Bbar.shape[1]
-
-    @property
-    def G(self) -> int:
-        return self.Bbar.shape[0]
-
-
-def _shape(t: Tensor) -> tuple[int, ...]:
-    return tuple(t.shape)
-
-
-def _validate(
-    x: Tensor, Bbar: Tensor, Abar: Tensor | None, mask: Tensor | None, check_finite: bool
-) -> _Inputs:
-    if not isinstance(x, Tensor) or x.ndim != 3:
-        got = _shape(x) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"x must be a (batch, T, H) tensor, got {got}")
-    if not x.is_floating_point():
-        raise ValueError(f"x must be a floating-point tensor, got dtype {x.dtype}")
-    B, T, H = x.shape
-    if T == 0:
-        raise ValueError("x has T = 0 tokens; a scan needs T >= 1")
-    if B == 0:
-        raise ValueError("x has batch = 0; a scan needs at least one sequence")
-    if not isinstance(Bbar, Tensor) or Bbar.ndim not in (2, 3):
-        got = _shape(Bbar) if isinstance(Bbar, Tensor) else type(Bbar).__name__
-        raise ValueError(f"Bbar must be (N, H) or (G, N, H), got {got}")
-    grouped = Bbar.ndim == 3
-    Bg = Bbar if grouped else Bbar[None]
-    if Bg.shape[1] <= 0 or Bg.shape[0] <= 0:
-        raise ValueError(f"Bbar must have N >= 1 and G >= 1, got shape {_shape(Bbar)}")
-    if Bg.shape[2] != H:
-        raise ValueError(
-            f"Bbar's last dim must equal x's H = {H}, got Bbar of shape {_shape(Bbar)}"
-        )
-    if Bg.dtype != x.dtype or Bg.device != x.device:
-        raise ValueError(
-            f"Bbar must match x's dtype and device ({x.dtype}, {x.device}), "
-            f"got ({Bg.dtype}, {Bg.device})"
-        )
-    N = Bg.shape[1]
-    if Abar is not None:
-        if not isinstance(Abar, Tensor) or _shape(Abar) != (N, N):
-            got = _shape(Abar) if isinstance(Abar, Tensor) else type(Abar).__name__
-            raise ValueError(f"Abar must be (N, N) = ({N}, {N}) to match Bbar, got {got}")
-    if mask is not None:
-        if not isinstance(mask, Tensor) or _shape(mask) != (B, T):
-            got = _shape(mask) if isinstance(mask, Tensor) else type(mask).__name__
-            raise ValueError(f"mask must be (batch, T) = ({B}, {T}), got {got}")
-        if mask.dtype != torch.bool:
-            if mask.is_floating_point() or not ((mask == 0) | (mask == 1)).all():
-                raise ValueError(f"mask must be bool or 0/1 integers, got dtype {mask.dtype}")
-            mask = mask.bool()
-        mask = mask.to(x.device)
-    if check_finite:  # the parameters are small; x is checked through the result (see _finish)
-        for name, t in (("Bbar", Bbar), ("Abar", Abar)):
-            if t is not None and not torch.isfinite(t).all():
-                bad = (~torch.isfinite(t)).sum().item()
-                raise ValueError(f"{name} has {bad} non-finite values (nan or inf); inputs must be finite")
-    return _Inputs(x=x, Bbar=Bg, mask=mask, grouped=grouped, check_finite=check_finite)
-
-
-def _finish(out: Tensor, inp: _Inputs, group_dim: int) -> Tensor:
-    """Check the result instead of the (much larger) input: a nan or inf in a real token of
-    ``x`` reaches the state, so a finite result proves finite inputs at no cost. Only on
-    failure are the inputs searched, to name the culprit."""
-    if inp.check_finite and not torch.isfinite(out).all():
-        bad = ~torch.isfinite(inp.x)
-        if inp.mask is not None:
-            bad &= inp.mask[..., None]
-        if bad.any():
-            raise ValueError(
-                f"x has {int(bad.sum())} non-finite values (nan or inf) in real tokens; inputs must be finite"
-            )
-        raise ValueError("the scan overflowed to nan/inf from finite inputs; scale x down or use float64")
-    return out if inp.grouped else out.squeeze(group_dim)
 
 
 def right_align(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -166,7 +75,7 @@ def scan_reference(
     Padding tokens (``mask`` False) leave the state unchanged; their entries in the
     returned states are 0. Returns ``(B, [G,] N)`` or ``(B, T, [G,] N)``.
     """
-    inp = _validate(x, Bbar, Abar, mask, check_finite)
+    inp = validate(x, Bbar, Abar, mask, check_finite)
     B, T, _ = x.shape
     G, N = inp.G, inp.N
     A = Abar.to(x.dtype)
@@ -179,14 +88,8 @@ def scan_reference(
         if return_states:
             states.append(h if mask is None else h * inp.mask[:, t, None, None])
     if return_states:
-        return _finish(torch.stack(states, dim=1), inp, 2)
-    return _finish(h, inp, 1)
-
-
-def _project(x: Tensor, Bg: Tensor) -> Tensor:
-    """``U = X Bbar^T`` as one GEMM: ``(B, T, H), (G, N, H) -> (B, T, G, N)``."""
-    G, N, H = Bg.shape
-    return (x @ Bg.reshape(G * N, H).T).view(*x.shape[:2], G, N)
+        return finish(torch.stack(states, dim=1), inp, 2)
+    return finish(h, inp, 1)
 
 
 def _left_pad(u: Tensor, multiple: int) -> Tensor:
@@ -211,10 +114,10 @@ def scan_paper(
     ``max_chunks`` stops after that many chunks (the benchmark times a prefix and
     extrapolates; the returned state is then that of the prefix). Returns ``(B, [G,] N)``.
     """
-    _check_chunk(chunk)
-    inp = _validate(x, Bbar, Abar, mask, check_finite)
+    check_chunk(chunk)
+    inp = validate(x, Bbar, Abar, mask, check_finite)
     xa = x if inp.mask is None else right_align(x, inp.mask)[0]
-    u = _left_pad(_project(xa, inp.Bbar), chunk)  # (B, T', G, N)
+    u = _left_pad(project(xa, inp.Bbar), chunk)  # (B, T', G, N)
     B, T, G, N = u.shape
     A = Abar.to(x.dtype)
     s = u.new_zeros(B, G, N)
@@ -226,7 +129,7 @@ def scan_paper(
         stacked = torch.stack(powers[chunk - 1 :: -1])  # (C, N, N): A^(C-1-t) for t < C
         uc = u[:, c * chunk : (c + 1) * chunk]  # (B, C, G, N)
         s = s @ powers[chunk].T + torch.einsum("tnm,btgm->bgn", stacked, uc)
-    return _finish(s, inp, 1)
+    return finish(s, inp, 1)
 
 
 def scan_groups(x: Tensor, Bbar: Tensor, Abar: Tensor, mask: Tensor | None = None, chunk: int = 32) -> Tensor:
@@ -236,11 +139,11 @@ def scan_groups(x: Tensor, Bbar: Tensor, Abar: Tensor, mask: Tensor | None = Non
     closed form: ``A^0 .. A^C`` once per call (C matrix products per group, kept for the
     backward pass), then one product per chunk. Reference: :func:`scan_reference` per group.
     """
-    _check_chunk(chunk)
+    check_chunk(chunk)
     if Bbar.ndim != 3 or Abar.shape != (Bbar.shape[0], Bbar.shape[1], Bbar.shape[1]):
         raise ValueError(f"Bbar must be (G, N, H) and Abar (G, N, N); got {tuple(Bbar.shape)}, {tuple(Abar.shape)}")
     xa = x if mask is None else right_align(x, mask.bool())[0]
-    u = _left_pad(_project(xa, Bbar.to(x.dtype)), chunk)  # (B, T', G, N)
+    u = _left_pad(project(xa, Bbar.to(x.dtype)), chunk)  # (B, T', G, N)
     A = Abar.to(x.dtype)
     powers = [torch.eye(A.shape[-1], dtype=A.dtype, device=A.device).expand_as(A)]
     for _ in range(chunk):
@@ -257,11 +160,6 @@ def scan_groups_reference(x: Tensor, Bbar: Tensor, Abar: Tensor, mask: Tensor | 
     """:func:`scan_groups` token by token, one group at a time."""
     return torch.stack([scan_reference(x, Bbar[g : g + 1], Abar[g], mask, check_finite=False)[:, 0]
                         for g in range(Bbar.shape[0])], dim=1)
-
-
-def _check_chunk(chunk: int) -> None:
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
 
 
 @dataclass
@@ -281,7 +179,7 @@ class PowerCache:
     def __post_init__(self) -> None:
         A = self.Abar
         if not isinstance(A, Tensor) or A.ndim != 2 or A.shape[0] != A.shape[1]:
-            got = _shape(A) if isinstance(A, Tensor) else type(A).__name__
+            got = shape_of(A) if isinstance(A, Tensor) else type(A).__name__
             raise ValueError(f"Abar must be a square (N, N) tensor, got {got}")
         if not torch.isfinite(A).all():
             raise ValueError("Abar has non-finite values; it must be finite")
@@ -428,10 +326,10 @@ def scan_fast(
     Returns ``(B, [G,] N)`` or ``(B, T, [G,] N)``.
     """
     if chunk is not None:
-        _check_chunk(chunk)
+        check_chunk(chunk)
     cache = Abar if isinstance(Abar, PowerCache) else None
     A_for_check = cache.Abar.to(x.dtype) if cache is not None and isinstance(x, Tensor) else Abar
-    inp = _validate(x, Bbar, A_for_check, mask, check_finite)
+    inp = validate(x, Bbar, A_for_check, mask, check_finite)
     if cache is None:
         cache = PowerCache(Abar)
     order = None
@@ -441,15 +339,15 @@ def scan_fast(
         states = _states_fast(x, inp.Bbar, cache, chunk or 64)  # (B, T, G, N)
         if order is not None:
             states = _unalign_states(states, order, inp.mask)
-        return _finish(states, inp, 2)
+        return finish(states, inp, 2)
     B, T, H = x.shape
     G, N = inp.G, inp.N
     c1 = plan_fold(B, T, H, N, G) if fold is None else fold
-    _check_chunk(c1)
+    check_chunk(c1)
     c1 = min(c1, T)
     if c1 == 1:
-        u = _project(x, inp.Bbar)  # (B, T, G, N)
-        return _finish(_scan_chunks(u, cache, 1, chunk or plan_chunk(T)), inp, 1)
+        u = project(x, inp.Bbar)  # (B, T, G, N)
+        return finish(_scan_chunks(u, cache, 1, chunk or plan_chunk(T)), inp, 1)
     W = cache.folded(Bbar, c1)  # (C1*H, G*N)
     head, q = T % c1, T // c1
     pieces = []
@@ -459,7 +357,7 @@ def scan_fast(
         body = x[:, head:].reshape(B, q, c1 * H)  # a view: rows are contiguous in (T, H)
         pieces.append((body @ W).view(B, q, G, N))
     v = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)  # (B, n, G, N)
-    return _finish(_scan_chunks(v, cache, c1, chunk or plan_chunk(v.shape[1])), inp, 1)
+    return finish(_scan_chunks(v, cache, c1, chunk or plan_chunk(v.shape[1])), inp, 1)
 
 
 def _states_fast(x: Tensor, Bg: Tensor, cache: PowerCache, chunk: int) -> Tensor:
@@ -471,7 +369,7 @@ def _states_fast(x: Tensor, Bg: Tensor, cache: PowerCache, chunk: int) -> Tensor
     """
     B, T, _ = x.shape
     G, N = Bg.shape[:2]
-    u = _left_pad(_project(x, Bg), chunk)  # (B, T', G, N)
+    u = _left_pad(project(x, Bg), chunk)  # (B, T', G, N)
     n = u.shape[1] // chunk
     u = u.view(B, n, chunk, G, N)
     powers = cache.stack(1, chunk, x.dtype, x.device)  # (C+1, N, N)
@@ -516,164 +414,3 @@ def scan(
     if return_states:
         raise ValueError("impl='paper' computes final states only; use 'fast' or 'reference'")
     return scan_paper(x, Bbar, A, mask, chunk=chunk or 64, check_finite=check_finite)
-
-
-def left_align(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Move each row's real tokens to the start, in order, zeroing the rest.
-
-    Returns ``(aligned, order, lengths)``; ``lengths: (B,)``.
-    """
-    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
-    index = order.reshape(*order.shape, *([1] * (x.ndim - 2))).expand_as(x)
-    keep = torch.gather(mask, 1, order).reshape(*order.shape, *([1] * (x.ndim - 2)))
-    return torch.where(keep, torch.gather(x, 1, index), 0), order, mask.sum(dim=1)
-
-
-def legs_scan_reference(
-    x: Tensor,
-    Bbar: Tensor,
-    mask: Tensor | None = None,
-    method: str = "zoh",
-    return_states: bool = False,
-    check_finite: bool = True,
-) -> Tensor:
-    """Token by token with the step matrices of :func:`hippo.discretize_legs`.
-
-    ``Bbar: (N, H)`` or ``(G, N, H)`` is the continuous input matrix (the per-token
-    ``Gamma_k`` is applied inside). A row's k-th real token is step k; padding leaves the
-    state unchanged. Memory O(T N^2): for tests and short sequences.
-    """
-    inp = _validate(x, Bbar, None, mask, check_finite)
-    B, T, _ = x.shape
-    G, N = inp.G, inp.N
-    A, _ = hippo.transition("legs", N)
-    Abar, Gamma = (t.to(x.dtype) for t in hippo.discretize_legs(A.to(x.device), T, method))
-    Bflat = inp.Bbar.reshape(G * N, -1)
-    step = torch.zeros(B, dtype=torch.long, device=x.device)  # tokens seen per row
-    h = x.new_zeros(B, G, N)
-    states = []
-    for t in range(T):
-        real = torch.ones(B, dtype=torch.bool, device=x.device) if mask is None else inp.mask[:, t]
-        k = step.clamp(max=T - 1)  # index of this token's step matrices
-        v = (x[:, t] @ Bflat.T).view(B, G, N)
-        new = torch.einsum("bnm,bgm->bgn", Abar[k], h) + torch.einsum("bnm,bgm->bgn", Gamma[k], v)
-        h = torch.where(real[:, None, None], new, h)
-        step = step + real.long()
-        if return_states:
-            states.append(h * real[:, None, None])
-    if return_states:
-        return _finish(torch.stack(states, dim=1), inp, 2)
-    return _finish(h, inp, 1)
-
-
-def legs_kernel(L: int, N: int, start: int, stop: int) -> Tensor:
-    """Value-space kernel of the exact (zoh) LegS scan for tokens ``start .. stop-1``.
-
-    Entry ``[k, j, n] = (E_n(z_j (k+1) / L) - E_n(z_j k / L)) / z_j`` with ``E_n`` the
-    integral of the n-th shifted Legendre polynomial and ``z_j`` the Gauss nodes: the
-    contribution of token k, seen at node j, to coefficient n of the state after L tokens.
-    Returns ``(stop - start, N, N)`` float64. Entries are O(1/L): no cancellation blow-up.
-    """
-    z, _ = hippo.gauss_legendre(N)
-    k = torch.arange(start, stop + 1, dtype=torch.float64)
-    E = hippo.shifted_legendre_integral(z[None, :] * k[:, None] / L, N)  # (C+1, N, N)
-    return (E[1:] - E[:-1]) / z[None, :, None]
-
-
-def legs_kernel_slabs(L: int, N: int, start: int, stop: int, dtype: torch.dtype = torch.float64,
-                      device: torch.device | str = "cpu") -> Tensor:
-    """:func:`legs_kernel` laid out ``(J, N, C)`` (``legs_kernel(...).permute(1, 2, 0)``), in ``dtype``.
-
-    The same entries, several times faster: one pass of the Legendre recurrence over the
-    chunk's breakpoints, each degree's slab written as soon as it is known (``int P_n =
-    (P_{n+1} - P_{n-1}) / (2n+1)``, differenced over consecutive breakpoints), so no
-    ``(C, J, N)`` float64 temporaries are stacked, concatenated or differenced. Computed in
-    float64, cast slab by slab. The layout makes ``K.transpose(1, 2)`` the ``(C, N)``
-    matrix of each node, which ``torch.bmm`` reads without a copy.
-    """
-    z, _ = hippo.gauss_legendre(N)
-    k = torch.arange(start, stop + 1, dtype=torch.float64)
-    x = (2 * (z[:, None] * k[None, :] / L) - 1).to(device)  # (J, C+1): the breakpoints, on [-1, 1]
-    inv_z = (1 / z)[:, None].to(device)
-    out = torch.empty(N, N, stop - start, dtype=dtype, device=device)
-    out[:, 0] = (x[:, 1:] - x[:, :-1]) / 2 * inv_z  # E_0(y) = y
-    p_prev, p = torch.ones_like(x), x  # P_{n-1}, P_n
-    d_prev = torch.zeros_like(x[:, 1:])  # P_{n-1} differenced over the breakpoints
-    for n in range(1, N):
-        p_next = ((2 * n + 1) * x * p - n * p_prev) / (n + 1)
-        d_next = p_next[:, 1:] - p_next[:, :-1]
-        out[:, n] = (d_next - d_prev) * (inv_z / (2 * math.sqrt(2 * n + 1)))
-        d_prev = p[:, 1:] - p[:, :-1]
-        p_prev, p = p, p_next
-    return out
-
-
-def legs_scan_fast(
-    x: Tensor,
-    Bbar: Tensor,
-    mask: Tensor | None = None,
-    chunk: int = 256,
-    check_finite: bool = True,
-) -> Tensor:
-    """Final state of the exact (zoh) scale-invariant LegS scan, GEMM-shaped and stable.
-
-    ``exp(A log(T/s))`` is the dilation ``p(y) -> (s/T) p(y s/T)`` of the polynomial whose
-    shifted-Legendre coefficients are the state, so the state after T tokens is, at the
-    Gauss nodes ``z_j``, a sum over tokens of the input polynomial's values times the
-    integral of ``e_n`` over the token's interval. Hence: one GEMM ``Y = X (E_z Bbar)^T``
-    (values of each token's input at the nodes), then per chunk of tokens a batched GEMM
-    with :func:`legs_kernel` (data independent, built in float64 by the Legendre
-    recurrence, :func:`legs_kernel_slabs`), then the Gauss weights. Nothing is diagonalised. Rows of different
-    lengths are grouped by length. Returns ``(B, [G,] N)``.
-    """
-    _check_chunk(chunk)
-    inp = _validate(x, Bbar, None, mask, check_finite)
-    B, T, H = x.shape
-    G, N = inp.G, inp.N
-    z, w = hippo.gauss_legendre(N)
-    Ez = hippo.shifted_legendre(z, N).to(device=x.device, dtype=x.dtype)  # (J, N): e_n(z_j)
-    Wv = torch.einsum("jn,gnh->gjh", Ez, inp.Bbar)  # (G, J, H)
-    if inp.mask is None:
-        lengths = torch.full((B,), T, dtype=torch.long)
-    else:
-        x, _, lengths = left_align(x, inp.mask)
-        lengths = lengths.cpu()
-    Y = _project(x, Wv)  # (B, T, G, J): input polynomial of each token at the nodes
-    out = x.new_zeros(B, G, N)
-    for L in torch.unique(lengths).tolist():
-        rows = (lengths == L).nonzero().flatten().to(x.device)
-        if L == 0:
-            continue
-        acc = x.new_zeros(N, len(rows) * G, N)  # (J, b*G, N)
-        for start in range(0, L, chunk):
-            stop = min(start + chunk, L)
-            K = legs_kernel_slabs(L, N, start, stop, x.dtype, x.device)  # (J, N, C)
-            Yc = Y[rows, start:stop].permute(3, 0, 2, 1).reshape(N, -1, stop - start)  # (J, b*G, C)
-            acc = acc + torch.bmm(Yc, K.transpose(1, 2))  # one GEMM per node
-        out[rows] = torch.einsum("jbn,j->bn", acc, w.to(device=x.device, dtype=x.dtype)).view(-1, G, N)
-    return _finish(out, inp, 1)
-
-
-def legs_scan(
-    x: Tensor,
-    Bbar: Tensor,
-    mask: Tensor | None = None,
-    impl: str = "fast",
-    method: str = "zoh",
-    return_states: bool = False,
-    chunk: int = 256,
-    check_finite: bool = True,
-) -> Tensor:
-    """Scale-invariant LegS scan; ``fast`` computes the exact (zoh) final state."""
-    if impl not in LEGS_IMPLS:
-        raise ValueError(f"impl must be one of {LEGS_IMPLS}, got {impl!r}")
-    if method not in hippo.METHODS:
-        raise ValueError(f"method must be one of {hippo.METHODS}, got {method!r}")
-    if impl == "fast":
-        if method != "zoh" or return_states:
-            raise ValueError(
-                "the fast LegS scan computes the exact (method='zoh') final state only; "
-                f"got method={method!r}, return_states={return_states}: use impl='reference'"
-            )
-        return legs_scan_fast(x, Bbar, mask, chunk=chunk, check_finite=check_finite)
-    return legs_scan_reference(x, Bbar, mask, method, return_states, check_finite)
