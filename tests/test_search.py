@@ -1,5 +1,5 @@
-"""The prompt search (select/search.py): its plan, its halving, its budget and what it finds on
-planted prompt values where the best prompt is known."""
+"""The prompt search (select/search.py, select/search_plan.py): its plan, its halving, its budget
+and what it finds on planted prompt values where the best prompt is known."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
 from icl_ssm.select.evaluators import SubsetEvaluator, SubsetLosses
-from icl_ssm.select.search import PromptSearch, balanced_order, plan_search, rungs_for, rungs_seconds
+from icl_ssm.select.search import PromptSearch, balanced_order
+from icl_ssm.select.search_plan import plan_lines, plan_search, rungs_for, rungs_seconds
 
 LABELS = ("neg", "pos")
 
@@ -197,7 +198,5 @@ def test_a_short_budget_cuts_the_queries_and_the_order_search_and_says_when_it_c
     tight = plan_search(20.0, screen_per_prompt=6.7, prefix=7.7, per_query=0.3, confirm_queries=64,
                         order_candidates=8)
     assert tight.over and tight.queries == 8 and tight.arms == 2
-    from icl_ssm.select.search import plan_lines
-
     assert "will run over its budget" in plan_lines(tight, 20.0, "compressed")[-1]
     assert "no order search" in plan_lines(tight, 20.0, "compressed")[0]
