@@ -33,9 +33,10 @@ from icl_ssm import atomic
 from icl_ssm.compress.cache import PrefixCache, exact_cache
 from icl_ssm.evaluate.fidelity import evaluate_paths, fidelity_report, report_setting
 from icl_ssm.evaluate.stats import spearman_ci
+from icl_ssm.lm.batch import pad_ids
 from icl_ssm.lm.hf import kv_from_cache, output_cache, with_cache
 from icl_ssm.lm.models import load_model, resolve_device
-from icl_ssm.lm.prompts import Prompt, pad_ids
+from icl_ssm.lm.prompts import Prompt
 
 
 def block_kv(model, prompt: Prompt):

@@ -44,9 +44,10 @@ from icl_ssm.distill.teacher import TeacherCache
 from icl_ssm.distill.train import DistillConfig
 from icl_ssm.evaluate.fidelity import evaluate_paths, fidelity_report, report_setting
 from icl_ssm.evaluate.stats import spearman_ci
+from icl_ssm.lm.batch import pad_ids
 from icl_ssm.lm.hf import kv_from_cache, output_cache
 from icl_ssm.lm.models import load_model
-from icl_ssm.lm.prompts import Prompt, PromptBuilder, pad_ids
+from icl_ssm.lm.prompts import Prompt, PromptBuilder
 from icl_ssm.ssm import scan as S
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -1,4 +1,4 @@
-"""Tests of icl_ssm.lm.models: loading, support checks, GGUF conversion (atomic, locked)."""
+"""Tests of icl_ssm.lm.models, .support and .gguf: loading, support checks, GGUF conversion (atomic, locked)."""
 
 from __future__ import annotations
 
@@ -23,22 +23,19 @@ from transformers import (
     T5Config,
 )
 
+from icl_ssm.lm import gguf as lm_gguf
 from icl_ssm.lm import models as lm_models
-from icl_ssm.lm.models import (
+from icl_ssm.lm.gguf import (
     CONVERSION_MARKER,
-    EMBEDDED_MODELS,
-    UnsupportedModelError,
     convert_gguf,
-    embedded_model_dir,
     gguf_metadata,
     is_converted,
     load_gguf,
-    load_model,
-    model_info,
     save_converted,
     validate_gguf,
-    validate_supported,
 )
+from icl_ssm.lm.models import EMBEDDED_MODELS, embedded_model_dir, load_model, model_info
+from icl_ssm.lm.support import UnsupportedModelError, validate_supported
 from icl_ssm.lm.tiny import tiny_model, tiny_tokenizer
 
 
@@ -136,7 +133,7 @@ def test_hub_id_failure_says_what_to_do(monkeypatch):
 
 def test_local_gguf_file_is_converted_into_the_cache(tmp_path, fake_gguf, monkeypatch):
     calls: list = []
-    monkeypatch.setattr(lm_models, "load_gguf", _tiny_loader(calls))
+    monkeypatch.setattr(lm_gguf, "load_gguf", _tiny_loader(calls))
     model, tokenizer = load_model(fake_gguf, cache_dir=tmp_path / "cache")
     model_dir = Path(model.config._name_or_path)
     assert model_dir.parent == tmp_path / "cache" / "models"
@@ -290,13 +287,13 @@ def test_failed_conversion_leaves_nothing(tmp_path, fake_gguf, monkeypatch, exc)
         (Path(out_dir) / "model.safetensors").write_bytes(b"half a file")
         raise exc
 
-    monkeypatch.setattr(lm_models, "save_converted", failing_save)
+    monkeypatch.setattr(lm_gguf, "save_converted", failing_save)
     with pytest.raises(type(exc)):
         convert_gguf(fake_gguf, target, loader=_tiny_loader())
     assert not target.exists()
     assert _leftovers(target.parent, "tiny") == []
 
-    monkeypatch.setattr(lm_models, "save_converted", real_save)
+    monkeypatch.setattr(lm_gguf, "save_converted", real_save)
     convert_gguf(fake_gguf, target, loader=_tiny_loader())
     assert is_converted(target)
 
@@ -385,7 +382,7 @@ def _no_conversion(path):
 )
 def test_gguf_refused_from_metadata_before_conversion(tmp_path, monkeypatch, arch, metadata, match):
     path = write_gguf(tmp_path / f"{arch}.gguf", arch, **metadata)
-    monkeypatch.setattr(lm_models, "load_gguf", _no_conversion)
+    monkeypatch.setattr(lm_gguf, "load_gguf", _no_conversion)
     started = time.perf_counter()
     with pytest.raises(UnsupportedModelError, match=match) as err:
         load_model(path, cache_dir=tmp_path / "cache")
@@ -420,7 +417,7 @@ def test_gguf_metadata_reads_scalars_not_arrays(fake_gguf):
 def test_not_a_gguf_file_is_named(tmp_path, monkeypatch, content):
     path = tmp_path / "broken.gguf"
     path.write_bytes(content)
-    monkeypatch.setattr(lm_models, "load_gguf", _no_conversion)
+    monkeypatch.setattr(lm_gguf, "load_gguf", _no_conversion)
     with pytest.raises(ValueError, match=f"{re.escape(str(path))}: not a readable GGUF file"):
         load_model(path, cache_dir=tmp_path / "cache")
 

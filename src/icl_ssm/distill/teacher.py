@@ -41,7 +41,8 @@ from icl_ssm import atomic
 from icl_ssm.compress.cache import exact_cache, forward_packed, forward_with_prefix
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import Example, get_task
-from icl_ssm.lm.prompts import PromptBuilder, pad_ids
+from icl_ssm.lm.batch import pad_ids
+from icl_ssm.lm.prompts import PromptBuilder
 
 FORMAT = 1
 

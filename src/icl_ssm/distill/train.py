@@ -38,7 +38,7 @@ from icl_ssm.compress.cache import compressed_cache, forward_with_prefix, summar
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.distill.losses import RANK_LEVELS, bucket_kl, hidden_loss, kv_alignment_loss, label_kl, rank_loss
 from icl_ssm.distill.teacher import TeacherCache, validate_shared_tail
-from icl_ssm.lm.prompts import pad_ids
+from icl_ssm.lm.batch import pad_ids
 from icl_ssm.ssm.layer import validate_learn_dt
 
 COMPRESSOR_FIELDS = ("state_size", "channels", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size",

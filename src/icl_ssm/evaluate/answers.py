@@ -14,8 +14,9 @@ from transformers import PreTrainedModel
 from icl_ssm.compress.cache import PrefixCache, forward_packed, forward_with_prefix
 from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
+from icl_ssm.lm.batch import PromptLike, as_ids, pad_ids
 from icl_ssm.lm.hf import accepts_logits_to_keep, output_cache, with_cache
-from icl_ssm.lm.prompts import PromptBuilder, PromptLike, as_ids, pad_ids
+from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.scoring import answer_loss, generate_answers
 
 LOSSES = ("nll", "ce")  # gold-verbaliser NLL, or cross-entropy over the label set

@@ -73,8 +73,9 @@ from icl_ssm.evaluate.stats import (
     spearman_ci,
     split_half_spearman,
 )
+from icl_ssm.lm.batch import PromptLike, as_ids
 from icl_ssm.lm.models import DEFAULT_MODEL, load_model, resolve_device
-from icl_ssm.lm.prompts import Prompt, PromptBuilder, PromptLike, as_ids
+from icl_ssm.lm.prompts import Prompt, PromptBuilder
 
 
 def sample_subsets(pool: int | Sequence[Any], k: int, n: int, rng: np.random.Generator) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""Prompts of in-context demonstrations, with exact token spans, and label scoring.
+"""Prompts of in-context demonstrations, with exact token spans, and the answers they are scored on.
 
 A prompt is a *header* (BOS + instruction), one *piece* per demonstration and a *query*
 piece. Every piece is tokenised on its own and the ids are concatenated, so
@@ -34,21 +34,14 @@ instruction leaves the separator at the start of the first demonstration.
 Chat layout (``chat=True``): the instruction is the system turn; each demonstration is a
 user turn (``input_prefix + input``) and an assistant turn (the verbaliser); the query is the
 last user turn with the generation prompt. ``output_prefix`` is not used. Turn texts are cut
-out of ``tokenizer.apply_chat_template`` renderings (a template that renders a turn
-differently depending on what precedes it is refused at construction).
+out of ``tokenizer.apply_chat_template`` renderings (:class:`~icl_ssm.lm.chat.ChatTurns`; a
+template that renders a turn differently depending on what precedes it is refused at
+construction).
 
 BOS: in plain mode the ids the tokenizer itself prepends (``tokenizer("x")`` minus
 ``tokenizer("x", add_special_tokens=False)``) start the header, unless ``add_bos`` says
 otherwise; in chat mode the template's text decides (pieces are tokenised with
 ``add_special_tokens=False``, so BOS is never doubled).
-
-Scoring: :func:`continuation_logprobs` is the batched fast path (padding, attention masks,
-explicit position ids, rows shared between continuations of one context);
-:func:`continuation_logprobs_ref` is the obviously-correct reference (one unpadded forward
-per pair). Both take an optional ``prefix`` standing before the prompts, so that the
-demonstrations come from a (compressed) KV cache and only the query suffix is fed: a
-:class:`PrefixLike` (``icl_ssm.compress.cache.PrefixCache``: K/V rows, slot mask, next position; one
-row shared by all prompts or one per prompt) or a plain transformers ``Cache`` of batch 1.
 """
 
 from __future__ import annotations
@@ -61,13 +54,12 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from icl_ssm.lm.chat import ChatTurns
+
 SEPARATOR = "\n\n"
 
 
 SEPARATOR_POSITIONS = ("trailing", "leading")
-
-
-PADDING_SIDES = ("left", "right")
 
 
 class ExampleLike(Protocol):
@@ -122,7 +114,7 @@ class _Piece:
 
 
 @dataclass
-class PromptBuilder:
+class PromptBuilder(ChatTurns):
     """Turns (demonstrations, query) into a :class:`Prompt` with exact spans.
 
     Args:
@@ -376,6 +368,20 @@ class PromptBuilder:
         )
         return "trailing"
 
+    def _check_chat_template(self) -> None:
+        """The pieces of a 2-demonstration conversation must concatenate to its rendering."""
+        self._header = self._make_header()
+        demos = [("first input", "first answer"), ("second input", "second answer")]
+        pieces = [self._header.text]
+        messages = [*self._system()]
+        for text, answer in demos:
+            pieces.append(self._render_demo_turns(text, answer))
+            messages += [self._user(text), {"role": "assistant", "content": answer}]
+        pieces.append(self._render_query_turn("third input"))
+        messages.append(self._user("third input"))
+        if "".join(pieces) != self._render(messages, True):
+            raise self._not_compositional("a conversation")
+
     # ------------------------------------------------------------------ pieces
 
     def _encode(self, text: str) -> list[int]:
@@ -445,112 +451,3 @@ class PromptBuilder:
 
     def _with_separator(self, text: str) -> str:
         return text + SEPARATOR if self.separator_position == "trailing" else SEPARATOR + text
-
-    # chat: turn texts are cut out of renderings that follow a fixed reference exchange, so a
-    # turn is rendered as it appears after other turns (no default system prompt inside it)
-    _REF_USER = "Reference question"
-    _REF_ASSISTANT = "Reference answer"
-
-    def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt
-        )
-
-    def _system(self) -> list[dict[str, str]]:
-        instruction = self.task.instruction.strip()
-        return [{"role": "system", "content": instruction}] if instruction else []
-
-    def _user(self, text: str) -> dict[str, str]:
-        return {"role": "user", "content": f"{self.task.input_prefix}{text.strip()}".strip()}
-
-    def _reference(self) -> list[dict[str, str]]:
-        return [
-            *self._system(),
-            self._user(self._REF_USER),
-            {"role": "assistant", "content": self._REF_ASSISTANT},
-        ]
-
-    def _cut_after_reference(self, messages: list[dict[str, str]], gen: bool, what: str) -> str:
-        base = self._render(self._reference(), False)
-        rendered = self._render([*self._reference(), *messages], gen)
-        if not rendered.startswith(base):
-            raise self._not_compositional(what)
-        return rendered[len(base) :]
-
-    def _render_demo_turns(self, text: str, answer: str) -> str:
-        turns = [self._user(text), {"role": "assistant", "content": answer}]
-        return self._cut_after_reference(turns, False, "a demonstration")
-
-    def _render_query_turn(self, text: str) -> str:
-        return self._cut_after_reference([self._user(text)], True, "the query")
-
-    def _not_compositional(self, what: str) -> ValueError:
-        return ValueError(
-            f"the chat template of {type(self.tokenizer).__name__} renders {what} differently "
-            "depending on the turns around it, so turns cannot be tokenised independently; "
-            "use chat=False"
-        )
-
-    def _check_chat_template(self) -> None:
-        """The pieces of a 2-demonstration conversation must concatenate to its rendering."""
-        self._header = self._make_header()
-        demos = [("first input", "first answer"), ("second input", "second answer")]
-        pieces = [self._header.text]
-        messages = [*self._system()]
-        for text, answer in demos:
-            pieces.append(self._render_demo_turns(text, answer))
-            messages += [self._user(text), {"role": "assistant", "content": answer}]
-        pieces.append(self._render_query_turn("third input"))
-        messages.append(self._user("third input"))
-        if "".join(pieces) != self._render(messages, True):
-            raise self._not_compositional("a conversation")
-
-
-PromptLike = Prompt | Sequence[int] | torch.Tensor
-
-
-def as_ids(prompt: PromptLike) -> list[int]:
-    """A :class:`Prompt`, a list of ids or a 1-D LongTensor -> a list of ids."""
-    if isinstance(prompt, Prompt):
-        return list(prompt.input_ids)
-    if isinstance(prompt, torch.Tensor):
-        if prompt.dim() != 1:
-            raise ValueError(f"prompt tensor has shape {tuple(prompt.shape)}; expected (seq_len,)")
-        return [int(t) for t in prompt.tolist()]
-    return [int(t) for t in prompt]
-
-
-def pad_ids(
-    seqs: Sequence[Sequence[int] | torch.Tensor], side: str = "right", value: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` id sequences -> ``(n, L)`` long ids and bool mask, padded on ``side``."""
-    if side not in PADDING_SIDES:
-        raise ValueError(f"side must be one of {PADDING_SIDES}, got {side!r}")
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), value, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
-    for b, s in enumerate(seqs):
-        lo = width - len(s) if side == "left" else 0
-        ids[b, lo : lo + len(s)] = torch.as_tensor(s, dtype=torch.long)
-        mask[b, lo : lo + len(s)] = True
-    return ids, mask
-
-
-def pad_batch(
-    seqs: Sequence[Sequence[int]], side: str, model: PreTrainedModel
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
-    """Pad to a batch. Returns input_ids, attention_mask, position_ids (all (batch, seq), on
-    the model's device) and where each row's first real token sits."""
-    input_ids, real = pad_ids(seqs, side, _pad_id(model))
-    mask = real.long()
-    width = input_ids.shape[1]
-    shift = [width - len(s) if side == "left" else 0 for s in seqs]
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # real tokens: 0..len-1, pads: 0
-    device = model.device
-    return input_ids.to(device), mask.to(device), positions.to(device), shift
-
-
-def _pad_id(model: PreTrainedModel) -> int:
-    # pads are masked out, any valid id works; prefer the model's own pad token
-    pad = getattr(model.config.get_text_config(), "pad_token_id", None)
-    return pad if isinstance(pad, int) and pad >= 0 else 0

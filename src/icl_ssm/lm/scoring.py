@@ -1,33 +1,28 @@
 """Scoring and generation with a causal LM: the log-probabilities of continuations (fast path and
 reference), label scores and predictions, the answer loss, and greedy generation, with or
-without a prefix cache."""
+without a prefix cache.
+
+Scoring: :func:`continuation_logprobs` is the batched fast path (padding, attention masks,
+explicit position ids, rows shared between continuations of one context);
+:func:`continuation_logprobs_ref` is the obviously-correct reference (one unpadded forward
+per pair). Both take an optional ``prefix`` standing before the prompts, so that the
+demonstrations come from a (compressed) KV cache and only the query suffix is fed: a
+:class:`~icl_ssm.lm.prefix.PrefixLike` (``icl_ssm.compress.cache.PrefixCache``) or a plain
+transformers ``Cache`` of batch 1.
+"""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from icl_ssm.lm.batch import PADDING_SIDES, PromptLike, as_ids, pad_batch
 from icl_ssm.lm.hf import accepts_logits_to_keep, output_cache, prefix_attention_mask, with_cache
-from icl_ssm.lm.prompts import PADDING_SIDES, SEPARATOR, ExampleLike, PromptBuilder, PromptLike, as_ids, pad_batch
-
-
-class PrefixLike(Protocol):
-    """A (compressed) demonstration prefix in front of the prompts, e.g.
-    ``icl_ssm.compress.cache.PrefixCache``: per-layer K/V for ``B`` rows of ``L`` cache slots."""
-
-    mask: torch.Tensor  # (B, L) bool: which cache slots are real
-    next_position: torch.Tensor  # (B,) long: position id of the first token after the prefix
-
-    @property
-    def batch_size(self) -> int: ...
-
-    def select(self, index: torch.Tensor | list[int]) -> PrefixLike: ...
-
-    def to_dynamic(self) -> Any: ...  # a fresh transformers Cache holding the selected K/V
+from icl_ssm.lm.prefix import PrefixLike, prefix_inputs, prefix_row_map
+from icl_ssm.lm.prompts import SEPARATOR, ExampleLike, PromptBuilder
 
 
 def continuation_logprobs(
@@ -65,7 +60,7 @@ def continuation_logprobs(
     (single-token verbalisers -> one row per prompt).
     """
     requests = _requests(contexts, continuations)
-    rows_of = _prefix_row_map(prefix, len(requests), prefix_rows)
+    rows_of = prefix_row_map(prefix, len(requests), prefix_rows)
     if padding_side not in PADDING_SIDES:
         raise ValueError(f"padding_side={padding_side!r}; accepted: {', '.join(PADDING_SIDES)}")
     if batch_size < 1:
@@ -108,7 +103,7 @@ def continuation_logprobs(
             input_ids,
             mask,
             positions,
-            _prefix_inputs(prefix, [rows[r][0] for r in batch_rows], position_offset, device),
+            prefix_inputs(prefix, [rows[r][0] for r in batch_rows], position_offset, device),
             keep,
         )  # (batch, len(keep), vocab)
         b_idx, p_idx, t_idx, r_idx = (
@@ -131,12 +126,12 @@ def continuation_logprobs_ref(
     """Reference for :func:`continuation_logprobs`: one unpadded forward per pair, no row
     sharing, the whole continuation fed. Returns (n,) float32 on the model's device."""
     requests = _requests(contexts, continuations)
-    rows_of = _prefix_row_map(prefix, len(requests), prefix_rows)
+    rows_of = prefix_row_map(prefix, len(requests), prefix_rows)
     device = model.device
     out = torch.empty(len(requests), dtype=torch.float32, device=device)
     for i, (ctx, cont) in enumerate(requests):
         ids = torch.tensor([ctx + cont], device=device)  # (1, seq)
-        cache, prefix_mask, next_position, bias = _prefix_inputs(
+        cache, prefix_mask, next_position, bias = prefix_inputs(
             prefix, [rows_of[i]], position_offset, device
         )  # _, (1, L), (1,), None or (1, L)
         positions = next_position[:, None] + torch.arange(ids.shape[1], device=device)  # (1, seq)
@@ -178,7 +173,7 @@ def score_labels(
         (batch, n_labels) float32: sum of the token log-probs of each (multi-token) verbaliser.
     """
     labels = builder.label_ids()
-    rows = _prefix_row_map(prefix, len(prompts), None)
+    rows = prefix_row_map(prefix, len(prompts), None)
     contexts = [as_ids(p) for p in prompts for _ in labels]
     continuations = [lab for _ in prompts for lab in labels]
     rows = [r for r in rows for _ in labels]
@@ -225,7 +220,7 @@ def answer_loss(
         for e in examples:
             builder.label_index(e)  # a clear error for a target that is not a label
     gold_ids = [builder.answer_ids(e) for e in examples]
-    rows = _prefix_row_map(prefix, len(prompts), None)
+    rows = prefix_row_map(prefix, len(prompts), None)
     contexts = [as_ids(p) for p in prompts]
     return -_logprobs(model, contexts, gold_ids, prefix, rows, reference, kwargs)
 
@@ -253,7 +248,7 @@ def greedy_generate(
     for i, p in enumerate(ids_list):
         if not p:
             raise ValueError(f"prompt {i} is empty; expected at least one token")
-    rows_of = _prefix_row_map(prefix, len(ids_list), None)
+    rows_of = prefix_row_map(prefix, len(ids_list), None)
     device = model.device
     eos = set(eos_token_ids)
     extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
@@ -261,7 +256,7 @@ def greedy_generate(
     for start in range(0, len(ids_list), batch_size):
         seqs = ids_list[start : start + batch_size]
         step_ids, mask, positions, _ = pad_batch(seqs, "left", model)  # (batch, seq) each
-        cache, prefix_mask, next_position, bias = _prefix_inputs(
+        cache, prefix_mask, next_position, bias = prefix_inputs(
             prefix, rows_of[start : start + len(seqs)], position_offset, device
         )
         positions = positions + next_position[:, None]
@@ -405,80 +400,6 @@ def _forward_logprobs(
             logits = model(input_ids=input_ids, **kwargs).logits[:, keep_t]
     return logits.float().log_softmax(-1)  # (batch, len(keep), vocab)
 
-
-def _prefix_row_map(prefix: Any, n: int, prefix_rows: Sequence[int] | None) -> list[int]:
-    """Which prefix row each of ``n`` contexts follows."""
-    if prefix is None:
-        if prefix_rows is not None:
-            raise ValueError("prefix_rows given without a prefix")
-        return [0] * n
-    size = _prefix_batch_size(prefix)
-    if prefix_rows is None:
-        if size == 1:
-            return [0] * n
-        if size == n:
-            return list(range(n))
-        raise ValueError(
-            f"prefix has {size} rows for {n} prompts; expected 1 (shared) or {n} (one per "
-            "prompt), or pass prefix_rows"
-        )
-    rows = [int(r) for r in prefix_rows]
-    if len(rows) != n or any(not 0 <= r < size for r in rows):
-        raise ValueError(
-            f"prefix_rows must be {n} row indices in [0, {size}); got {len(rows)} rows "
-            f"spanning {min(rows, default=None)}..{max(rows, default=None)}"
-        )
-    return rows
-
-
-def _is_prefix_like(prefix: Any) -> bool:
-    return all(hasattr(prefix, a) for a in ("mask", "next_position", "select", "to_dynamic"))
-
-
-def _prefix_batch_size(prefix: Any) -> int:
-    if _is_prefix_like(prefix):
-        return int(prefix.mask.shape[0])
-    size = getattr(prefix, "batch_size", None)  # a transformers Cache
-    if not (isinstance(size, int) and size > 0):
-        size = int(prefix.layers[0].keys.shape[0])
-    if size != 1:
-        raise ValueError(
-            f"a plain transformers Cache as prefix must have batch size 1, got {size}; "
-            "use a PrefixLike (icl_ssm.compress.cache.PrefixCache) for one prefix per prompt"
-        )
-    return size
-
-
-def _prefix_inputs(
-    prefix: Any, rows: Sequence[int], position_offset: int | None, device: torch.device
-) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(fresh cache or None, prefix attention mask (B, L) long, next position (B,) long,
-    additive attention bias of the prefix slots (B, L) or None).
-
-    With a plain transformers Cache this is the module's only contact with the Cache API:
-    ``copy.deepcopy``, ``get_seq_length`` and ``batch_repeat_interleave``.
-    """
-    n = len(rows)
-    if prefix is None:
-        start = torch.full((n,), position_offset or 0, dtype=torch.long, device=device)
-        return None, torch.zeros(n, 0, dtype=torch.long, device=device), start, None
-    if _is_prefix_like(prefix):
-        if position_offset is not None:
-            raise ValueError(
-                "position_offset applies to a plain transformers Cache; this prefix sets the "
-                "positions itself (next_position)"
-            )
-        sub = prefix.select(torch.tensor(list(rows), dtype=torch.long))
-        bias = getattr(sub, "bias", None)
-        return (sub.to_dynamic(), sub.mask.long().to(device), sub.next_position.long().to(device),
-                None if bias is None else bias.to(device))
-    cache = copy.deepcopy(prefix)  # forward passes append to a cache in place
-    length = int(cache.get_seq_length())
-    if n > 1:
-        cache.batch_repeat_interleave(n)
-    start = length if position_offset is None else position_offset
-    mask = torch.ones(n, length, dtype=torch.long, device=device)
-    return cache, mask, torch.full((n,), start, dtype=torch.long, device=device), None
 
 
 def _check_positions(model: PreTrainedModel, needed: int) -> None:

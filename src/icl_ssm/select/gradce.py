@@ -13,8 +13,9 @@ from transformers import PreTrainedModel
 
 from icl_ssm.cost import measure
 from icl_ssm.data.tasks import Example
+from icl_ssm.lm.batch import pad_ids
 from icl_ssm.lm.hf import logits_to_keep_kwargs
-from icl_ssm.lm.prompts import PromptBuilder, pad_ids
+from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.base import Selection, Selector, register, top_k, validate_positive_sizes, validate_selection_inputs
 from icl_ssm.select.topk import TopKSelector
 
