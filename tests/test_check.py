@@ -15,7 +15,7 @@ from icl_ssm.evaluate.stats import paired_bootstrap, wilson_interval
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.scoring import predict_labels
 from icl_ssm.lm.tiny import tiny_model, tiny_tokenizer
-from icl_ssm.report import check_lines
+from icl_ssm.report.markdown import check_lines
 from icl_ssm.select.check import ZERO_SHOT, check_prompts, compare_prompts, hand_over, random_prompts
 
 

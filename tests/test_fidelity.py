@@ -865,7 +865,7 @@ def test_long_context_baselines_are_measured_beside_the_compressor(files, capsys
     assert {"compressed-streaming", "compressed-lm-infinite", "compressed-window"} <= set(report["paired"])
     # the streaming cache reads K/V computed with the whole prompt; the window encodes its tokens alone
     assert report["streaming_kl"] != report["window_kl"]
-    from icl_ssm.report import write_report
+    from icl_ssm.report.write import write_report
 
     write_report(tmp_path / "r", {"model": "m", "task": "t", "k": 3, "fidelity": report, "selections": []})
     md = (tmp_path / "r" / "report.md").read_text()

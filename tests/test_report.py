@@ -7,7 +7,10 @@ import os
 import pytest
 from matplotlib.figure import Figure
 
-from icl_ssm import report as R
+from icl_ssm.report.figures import HANDED, _accuracy_fig, _cost_fig
+from icl_ssm.report.markdown import _markdown, check_lines, search_lines, verdict_lines
+from icl_ssm.report.values import _methods, format_flops
+from icl_ssm.report.write import write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 METHODS = ("search (whole prompts)", "affinity", "affinity (dense)", "random", "bm25", "topk", "zero-shot")
@@ -123,7 +126,7 @@ def leftovers(path):
 def test_full_report_writes_every_file(tmp_path):
     report = full_report()
     snapshot = json.loads(json.dumps(report))
-    paths = R.write_report(tmp_path / "out", report)
+    paths = write_report(tmp_path / "out", report)
     assert set(paths) == {"markdown", "json", "accuracy", "cost"}
     assert report == snapshot  # the input is not modified
     for p in paths.values():
@@ -167,7 +170,7 @@ def test_full_report_writes_every_file(tmp_path):
 
 
 def test_order_averaged_accuracy_has_its_own_column(tmp_path):
-    from icl_ssm.report import _selection_md
+    from icl_ssm.report.markdown import _selection_md
 
     rows = [dict(method="affinity", evaluator="compressed", test_accuracy=0.8, test_size=100,
                  test_accuracy_orders=[0.8, 0.7, 0.75, 0.65], test_accuracy_order_mean=0.725, test_accuracy_std=0.0645,
@@ -179,7 +182,7 @@ def test_order_averaged_accuracy_has_its_own_column(tmp_path):
 
 
 def test_minimal_report_renders_dashes(tmp_path):
-    paths = R.write_report(tmp_path, minimal_report())
+    paths = write_report(tmp_path, minimal_report())
     assert set(paths) == {"markdown", "json", "accuracy", "cost"}
     assert not (tmp_path / "affinity.png").exists()
     assert json.loads(paths["json"].read_text())["plots"] == {"accuracy": "accuracy.png", "cost": "cost.png"}
@@ -193,7 +196,7 @@ def test_minimal_report_renders_dashes(tmp_path):
 
 @pytest.mark.parametrize("extra", [dict(affinity_scores=[]), dict(affinity_scores=[None, 0.2]), dict(selections=[])])
 def test_empty_optional_parts_still_plot(tmp_path, extra):
-    paths = R.write_report(tmp_path, {**minimal_report(), **extra})
+    paths = write_report(tmp_path, {**minimal_report(), **extra})
     assert "affinity" not in paths and not (tmp_path / "affinity.png").exists()  # affinity scores are not plotted
     assert paths["accuracy"].read_bytes().startswith(PNG_MAGIC) and paths["cost"].read_bytes().startswith(PNG_MAGIC)
 
@@ -202,7 +205,7 @@ def test_out_that_is_a_file_is_refused(tmp_path):
     target = tmp_path / "taken"
     target.write_text("x")
     with pytest.raises(ValueError, match="taken"):
-        R.write_report(target, minimal_report())
+        write_report(target, minimal_report())
     assert target.read_text() == "x"
 
 
@@ -215,13 +218,13 @@ def test_out_that_is_a_file_is_refused(tmp_path):
 )
 def test_invalid_report_is_refused_before_writing(tmp_path, bad, match):
     with pytest.raises(ValueError, match=match):
-        R.write_report(tmp_path / "out", {**minimal_report(), **bad})
+        write_report(tmp_path / "out", {**minimal_report(), **bad})
     assert not (tmp_path / "out").exists()
 
 
 def test_non_json_value_leaves_nothing(tmp_path):
     with pytest.raises(TypeError):
-        R.write_report(tmp_path, {**minimal_report(), "seed": object()})
+        write_report(tmp_path, {**minimal_report(), "seed": object()})
     assert list(tmp_path.iterdir()) == []
 
 
@@ -238,14 +241,14 @@ def test_savefig_failure_leaves_no_partial_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Figure, "savefig", flaky)
     with pytest.raises(OSError, match="No space"):
-        R.write_report(tmp_path, full_report())
+        write_report(tmp_path, full_report())
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["accuracy.png"]  # complete, and written before the failure
     assert (tmp_path / "accuracy.png").read_bytes().startswith(PNG_MAGIC)
 
 
 def test_replace_failure_keeps_previous_report(tmp_path, monkeypatch):
-    R.write_report(tmp_path, full_report())
+    write_report(tmp_path, full_report())
     before = (tmp_path / "report.md").read_text()
     real = os.replace
 
@@ -256,7 +259,7 @@ def test_replace_failure_keeps_previous_report(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", failing)
     with pytest.raises(OSError, match="Input/output"):
-        R.write_report(tmp_path, {**minimal_report(), "model": "other"})
+        write_report(tmp_path, {**minimal_report(), "model": "other"})
     assert (tmp_path / "report.md").read_text() == before
     assert leftovers(tmp_path) == []
 
@@ -268,14 +271,14 @@ def test_replace_failure_keeps_previous_report(tmp_path, monkeypatch):
      (float("nan"), "—"), (True, "—")],
 )
 def test_format_flops(n, text):
-    assert R.format_flops(n) == text
+    assert format_flops(n) == text
 
 
 # -- the hand-over check, the verdict and the search in words ------------------------------------
 
 
 def test_check_lines_kept_pick_not_shown_better_than_random_prompts():
-    lines = R.check_lines(full_report())
+    lines = check_lines(full_report())
     assert lines[0] == ("Handed over (prompt.txt): search (whole prompts), the pick the check judged; test accuracy "
                         "0.733 [0.66, 0.80] on 150 test examples (zero-shot 0.560 [0.48, 0.64]).")
     assert lines[1] == ("Warning: the handed-over prompt is not shown to be better than a random prompt of the same "
@@ -292,7 +295,7 @@ def test_check_lines_shown_better_has_no_warning():
     report = full_report()
     report["check"]["handed_over"] = {**report["check"]["handed_over"], "shown_better": True,
                                       "vs_random": versus(0.06, 0.02, 0.10)}
-    lines = R.check_lines(report)
+    lines = check_lines(report)
     assert not any(line.startswith("Warning") for line in lines)
     assert "vs the mean random prompt +0.060 [+0.020, +0.100]" in lines[1]
 
@@ -305,7 +308,7 @@ def test_check_lines_say_when_the_pick_was_replaced():
         "is handed over (--keep-selection hands over the pick)", "beats_random": 1.0, "at_or_above": 15,
         "random_prompts": 15, "vs_random": versus(0.04, 0.01, 0.07), "shown_better": True, "zero_shot_best": False,
         "test_accuracy": 0.725}
-    lines = R.check_lines(report)
+    lines = check_lines(report)
     assert lines[0].startswith("Handed over (prompt.txt): random prompt #15, in place of the pick of search (whole "
                                "prompts); test accuracy 0.725 [")
     assert lines[1] == ("Warning: the pick of search (whole prompts) was replaced: random prompt #15 beat it on the "
@@ -321,29 +324,29 @@ def test_check_lines_warn_when_zero_shot_beats_every_k_shot_prompt():
     check["prompts"]["zero-shot"]["accuracy"] = 0.70
     check["handed_over"] = {**check["handed_over"], "name": "zero-shot", "indices": [], "replaced": True,
                             "zero_shot_best": True, "test_accuracy": None}
-    lines = R.check_lines(report)
+    lines = check_lines(report)
     assert lines[0].startswith("Handed over (prompt.txt): zero-shot, in place of the pick of search (whole prompts); "
                                "test accuracy 0.560 [0.48, 0.64]")  # zero-shot's test accuracy
     assert ("Warning: zero-shot scored above every k-shot prompt checked on the 256 check examples (0.700 against at "
             "most 0.690): demonstrations may not help this model on this task.") in lines
-    md = R._markdown(report, {})
+    md = _markdown(report, {})
     assert "- Handed over (prompt.txt): zero-shot, pool indices none (zero-shot)" in md
     assert "| zero-shot **(handed over)** |" in md
-    without_row = {**report, "selections": R._methods(report)}  # no zero-shot row to take the title from
-    assert R.check_lines(without_row)[0].startswith("Handed over (prompt.txt): zero-shot (no demonstrations), in ")
+    without_row = {**report, "selections": _methods(report)}  # no zero-shot row to take the title from
+    assert check_lines(without_row)[0].startswith("Handed over (prompt.txt): zero-shot (no demonstrations), in ")
 
 
 def test_check_lines_without_check_examples():
     report = full_report()
     report["check"] = {"skipped": True, "zero_shot_test_accuracy": 0.56, "test_size": 150}
     report["handed_over"] = {"name": "search", "indices": [3, 7, 11]}
-    lines = R.check_lines(report)
+    lines = check_lines(report)
     assert lines == ["Handed over (prompt.txt): search (whole prompts), the pick the check judged; test accuracy 0.733 "
                      "[0.66, 0.80] on 150 test examples (zero-shot 0.560 [0.48, 0.64]).",
                      "Warning: it was not checked against random prompts: no held-out validation examples were left "
                      "after selection."]
-    assert R.check_lines({**report, "check": None}) == []
-    assert "## Hand-over check" not in R._markdown(report, {})
+    assert check_lines({**report, "check": None}) == []
+    assert "## Hand-over check" not in _markdown(report, {})
 
 
 @pytest.mark.parametrize(
@@ -358,18 +361,18 @@ def test_verdict_lines_say_the_verdict_passed_or_failed(passed, evaluator, first
     verdict = sample_verdict(passed, evaluator)
     if evaluator and evaluator != verdict["verdict"] and passed:
         verdict["reason"] = "--evaluator dense was asked for; the fidelity check would have chosen compressed"
-    lines = R.verdict_lines({"fidelity_verdict": verdict})
+    lines = verdict_lines({"fidelity_verdict": verdict})
     assert lines[0].startswith(first)
     assert (extra is None and len(lines) == 1) or any(line.startswith(extra) for line in lines[1:])
     old = {k: v for k, v in verdict.items() if k != "summary"}  # a report from before the summary was kept
-    said = " ".join(R.verdict_lines({"fidelity_verdict": old}))
+    said = " ".join(verdict_lines({"fidelity_verdict": old}))
     assert ("Fidelity verdict: The compressed caches " + ("pass their" if passed else "failed their")) in said
-    assert R.verdict_lines({}) == []
+    assert verdict_lines({}) == []
     assert not any("gate" in line.lower() for line in lines)
 
 
 def test_search_section_says_what_each_number_rests_on():
-    lines = R.search_lines(sample_search())
+    lines = search_lines(sample_search())
     text = "\n".join(lines)
     assert lines[0] == "Budget 120 s, took 118 s (pilot 3 s, screen 58 s, confirm 40 s, order 17 s)."
     assert ("- Plan: screen 400 prompts on the compressed caches (60 s, 0.15 s per prompt), confirm 16 on dense caches "
@@ -387,19 +390,19 @@ def test_search_section_says_what_each_number_rests_on():
                       "order chosen among 2 on the same queries: interleave (loss 0.500).")
     assert "| 4 | 2 | 64 | 0.512 | swap, seed |" in text
     assert "| 1 | 16 | 8 | 0.610 | swap, random, random, random, ... |" in text
-    assert R.search_lines(None) == []
-    assert "## Prompt search" not in R._markdown({**full_report(), "search": None}, {})
+    assert search_lines(None) == []
+    assert "## Prompt search" not in _markdown({**full_report(), "search": None}, {})
 
 
 def test_search_section_without_a_screen_or_its_statistics():
     search = {**sample_search("none"), "screen_split_half": None, "screen_reliability": None}
-    text = "\n".join(R.search_lines(search))
+    text = "\n".join(search_lines(search))
     assert "- Plan: no screen (random search), confirm 16 on dense caches" in text
     assert "- No screen: candidates went straight into the dense confirmation; by source: random prompts 180" in text
     assert "Screen reliability" not in text and "Spearman" not in text
-    text = "\n".join(R.search_lines({**sample_search(), "screen_split_half": None, "screen_vs_confirm_spearman": None}))
+    text = "\n".join(search_lines({**sample_search(), "screen_split_half": None, "screen_vs_confirm_spearman": None}))
     assert "- Screen reliability: not measured" in text and "- Screen vs dense confirmation: not measured" in text
-    text = "\n".join(R.search_lines({"screen": "compressed"}))  # every key missing: dashes, no crash
+    text = "\n".join(search_lines({"screen": "compressed"}))  # every key missing: dashes, no crash
     assert text.startswith("Budget — s, took — s.")
 
 
@@ -426,13 +429,13 @@ def no_overlaps(texts, renderer):
 
 def eight_methods():
     report = full_report(LONG[:2])  # six methods, two more with long names, and zero-shot
-    assert len(R._methods(report)) == 8
+    assert len(_methods(report)) == 8
     return report
 
 
 def test_accuracy_figure_has_a_row_per_method_and_marks_the_handed_over_prompt():
     report = eight_methods()
-    fig = R._accuracy_fig(report)
+    fig = _accuracy_fig(report)
     renderer = drawn(fig)
     ax, twin = fig.axes
     names = no_overlaps(ax.get_yticklabels(), renderer)
@@ -441,7 +444,7 @@ def test_accuracy_figure_has_a_row_per_method_and_marks_the_handed_over_prompt()
     assert any("\n" in n for n in names)  # a long name wrapped rather than squeezing the axes
     assert "zero-shot" not in names  # a reference line, not a row
     assert values[0] == "0.733 [0.66, 0.80], handed over"
-    assert ax.get_yticklabels()[0].get_color() == R.HANDED
+    assert ax.get_yticklabels()[0].get_color() == HANDED
     assert values[-1] == "median 0.673, 0.620-0.725"
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "handed over (prompt.txt)" in legend and "zero-shot 0.560" in legend
@@ -451,17 +454,17 @@ def test_accuracy_figure_has_a_row_per_method_and_marks_the_handed_over_prompt()
 def test_accuracy_figure_marks_a_handed_over_random_prompt():
     report = eight_methods()
     report["check"]["handed_over"] = {**report["check"]["handed_over"], "name": "random-2", "replaced": True}
-    fig = R._accuracy_fig(report)
+    fig = _accuracy_fig(report)
     drawn(fig)
     values = [t.get_text() for t in fig.axes[1].get_yticklabels()]
     assert values[-1].endswith(", one handed over") and not any(v.endswith(", handed over") for v in values)
     colours = [t.get_color() for t in fig.axes[0].get_yticklabels()]
-    assert colours[-1] == R.HANDED and R.HANDED not in colours[:-1]
+    assert colours[-1] == HANDED and HANDED not in colours[:-1]
 
 
 def test_cost_figure_labels_every_point_without_overlaps():
     report = eight_methods()
-    fig = R._cost_fig(report)
+    fig = _cost_fig(report)
     renderer = drawn(fig)
     seconds, flops = fig.axes
     for ax in (seconds, flops):
@@ -484,7 +487,7 @@ def test_crowded_cost_figure_falls_back_to_a_legend_of_the_methods():
     for s in report["selections"][6:-1]:  # fifteen methods on one point
         s.update(wall_seconds=30.0, test_accuracy=0.70, flops=int(1e12))
     report["check"]["handed_over"] = {**report["check"]["handed_over"], "name": "random-2", "replaced": True}
-    fig = R._cost_fig(report)
+    fig = _cost_fig(report)
     drawn(fig)
     assert not fig.axes[0].texts and not fig.axes[1].texts  # no label beside a point
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
@@ -494,8 +497,8 @@ def test_crowded_cost_figure_falls_back_to_a_legend_of_the_methods():
 
 def test_figures_with_nothing_measured_still_render(tmp_path):
     report = {**minimal_report(), "selections": []}
-    for draw in (R._accuracy_fig, R._cost_fig):
+    for draw in (_accuracy_fig, _cost_fig):
         drawn(draw(report))
-    fig = R._cost_fig(minimal_report())
+    fig = _cost_fig(minimal_report())
     drawn(fig)
     assert [t.get_text() for t in fig.axes[0].texts] == ["nothing to plot"]

@@ -439,7 +439,7 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict | None, 
                   splits: Splits, model, tokenizer, check: dict | None = None, verdict: dict | None = None) -> dict:
     """selected.jsonl + prompt.txt (the prompt handed over: the method's pick when it passed the
     check against random prompts, else the best-checked prompt) and the report."""
-    from icl_ssm.report import write_report
+    from icl_ssm.report.write import write_report
 
     pool = splits.pool
     preferred = (check or {}).get("preferred") or preferred_pick(selections)

@@ -9,7 +9,7 @@ from pathlib import Path
 from icl_ssm.cli.options import add_budget_flags, add_recipe_flag, add_search_flags, add_target, task_options
 from icl_ssm.evaluate.verdict import VERDICT_EVALUATORS
 from icl_ssm.pipeline import SEARCH_SCREENS, RunConfig, run_pipeline, say
-from icl_ssm.report import check_lines, verdict_lines
+from icl_ssm.report.markdown import check_lines, verdict_lines
 from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.run import ORDERS, apply_recipe, given_flags
 
