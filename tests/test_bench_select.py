@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from icl_ssm.bench import selection as bench_selection
-from icl_ssm.bench.selection import headroom_summary, order_tables, tail_run
+from icl_ssm.bench import estimators as bench_estimators
+from icl_ssm.bench.headroom import headroom_summary
+from icl_ssm.bench.select_order import order_tables, tail_run
 from icl_ssm.cli import main
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.data.splits import split
@@ -194,14 +195,14 @@ def test_estimators_keep_the_finished_seeds_when_a_later_one_fails(tmp_path, mon
     task = get_task("coin_flip", size=120)
     data = tmp_path / "coin.jsonl"
     data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n" for e in task.examples()))
-    real_split = bench_selection.split
+    real_split = bench_estimators.split
 
     def fail_on_seed_1(*a, seed, **kw):
         if seed == 1:
             raise ValueError("seed 1 stops here")
         return real_split(*a, seed=seed, **kw)
 
-    monkeypatch.setattr(bench_selection, "split", fail_on_seed_1)
+    monkeypatch.setattr(bench_estimators, "split", fail_on_seed_1)
     out = tmp_path / "est.json"
     argv = ["bench", "estimators", "--model", "tiny-llama", "--queries", "3", "--task", str(data), "--evaluator",
             "dense", "--k", "3", "--seeds", "0", "1", "--budgets", "4", "--pool-size", "12", "--test-size", "4",
@@ -212,7 +213,7 @@ def test_estimators_keep_the_finished_seeds_when_a_later_one_fails(tmp_path, mon
     assert partial["partial"] is True and partial["seeds_done"] == [0]
     assert {r["seed"] for r in partial["rows"]} == {0}
     assert {r["estimator"] for r in partial["rows"]} == {"mean", "ridge"}
-    monkeypatch.setattr("icl_ssm.bench.selection.split", split)
+    monkeypatch.setattr("icl_ssm.bench.estimators.split", split)
     assert main(argv) == 0
     full = json.loads(out.read_text())
     assert "partial" not in full and full["seeds_done"] == [0, 1]
@@ -238,7 +239,7 @@ def test_bench_label_scores_agrees_with_the_reference_path(tmp_cache, capsys):
 
 
 def test_agreement_with_the_dense_evaluator():
-    from icl_ssm.bench.selection import agreement
+    from icl_ssm.bench.select_quality import agreement
 
     dense = {"task": "t", "seed": 0, "method": "affinity:dense", "subset_losses": [0.1, 0.2, 0.3, 0.4],
              "scores": [4.0, 3.0, None, 1.0], "indices": [0, 1]}
@@ -344,7 +345,7 @@ def test_headroom_checks_every_task_first_and_keeps_the_finished_ones(tmp_path, 
                              for e in get_task("coin_flip", size=80).examples()[:2]))
     calls = []
     evaluate = evaluate_selection
-    monkeypatch.setattr("icl_ssm.bench.selection.evaluate_selection",
+    monkeypatch.setattr("icl_ssm.bench.headroom.evaluate_selection",
                         lambda *a, **kw: calls.append(1) or evaluate(*a, **kw))
     out = tmp_path / "headroom.json"
     args = ["bench", "headroom", "--model", "tiny-llama", "--k", "3", "--sets", "2", "--pool-size", "12",
@@ -359,7 +360,7 @@ def test_headroom_checks_every_task_first_and_keeps_the_finished_ones(tmp_path, 
         calls.append(1)
         return evaluate(model, builder, demos, test, **kw)
 
-    monkeypatch.setattr("icl_ssm.bench.selection.evaluate_selection", fail_on_the_second_task)
+    monkeypatch.setattr("icl_ssm.bench.headroom.evaluate_selection", fail_on_the_second_task)
     with pytest.raises(RuntimeError, match="stopped"):
         main([*args, "--tasks", str(data), "coin_flip"])
     partial = json.loads(out.read_text())

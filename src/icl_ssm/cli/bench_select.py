@@ -1,33 +1,29 @@
 """The selection kinds of ``icl-ssm bench`` (select-cost, select-quality, estimators, select-order,
-headroom): their flags, over :mod:`icl_ssm.bench.selection`."""
+headroom): their flags, over the modules of :mod:`icl_ssm.bench.selection`."""
 
 from __future__ import annotations
 
 import argparse
 
 from icl_ssm import atomic
-from icl_ssm.bench.selection import (
-    estimators,
-    estimators_sim,
-    headroom,
-    select_cost,
-    select_order,
-    select_quality,
-    selection_markdown,
-)
+from icl_ssm.bench.estimators import estimators, estimators_markdown, estimators_sim
+from icl_ssm.bench.headroom import headroom, headroom_markdown
+from icl_ssm.bench.select_cost import select_cost, select_cost_markdown
+from icl_ssm.bench.select_order import select_order, select_order_markdown
+from icl_ssm.bench.select_quality import select_quality, select_quality_markdown
 from icl_ssm.lm.models import DEFAULT_MODEL
 from icl_ssm.select.base import ARRANGE_ORDERS
 from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.run import ORDERS
 
 
-def _run(kind: str, fn):
+def _run(fn, markdown):
     def go(args: argparse.Namespace) -> int:
         result = fn(args)
         result["argv"] = getattr(args, "argv", None)
         if args.json_out:
             atomic.write_json(args.json_out, result)
-        print(selection_markdown(kind, result))
+        print(markdown(result))
         return 0
 
     return go
@@ -50,7 +46,7 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--subsets", type=int, default=2, help="timed subsets per evaluator (after one warm-up)")
     p.add_argument("--per-query-max-k", type=int, default=50, help="largest k the per-query evaluator runs at")
     p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=_run("select-cost", select_cost))
+    p.set_defaults(func=_run(select_cost, select_cost_markdown))
 
     p = kinds.add_parser("select-quality", parents=[common], formatter_class=fmt,
                          help="test accuracy of every selection method over tasks and seeds")
@@ -72,7 +68,7 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--order", default="score", choices=ORDERS, help="prompt order of the chosen demonstrations")
     p.add_argument("--per-label", action="store_true",
                    help="every method: the k places shared out evenly over the pool's labels (select --per-label)")
-    p.set_defaults(func=_run("select-quality", select_quality))
+    p.set_defaults(func=_run(select_quality, select_quality_markdown))
 
     p = kinds.add_parser("select-order", formatter_class=fmt,
                          help="earlier selections scored again on the test set in each prompt order")
@@ -83,7 +79,7 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--query-batch", type=int, default=32)
     p.add_argument("--json-out", help="also write the full result as JSON here")
-    p.set_defaults(func=_run("select-order", select_order))
+    p.set_defaults(func=_run(select_order, select_order_markdown))
 
     p = kinds.add_parser("headroom", formatter_class=fmt,
                          help="how far random demonstration sets move a task's test accuracy: what there is to select")
@@ -97,7 +93,7 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--query-batch", type=int, default=32)
     p.add_argument("--json-out", help="also write the full result as JSON here")
-    p.set_defaults(func=_run("headroom", headroom))
+    p.set_defaults(func=_run(headroom, headroom_markdown))
 
     p = kinds.add_parser("estimators", parents=[common], formatter_class=fmt,
                          help="selected-set test accuracy against subsets: mean, ridge, adaptive")
@@ -120,7 +116,7 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--sampling", default="uniform", choices=("uniform", "stratified", "both"),
                    help="subsets drawn uniformly (rows mean, ridge), with the pool's labels in even shares (rows "
                         "mean/stratified, ridge/stratified, chosen per label: select --stratify), or both streams")
-    p.set_defaults(func=_run("estimators", estimators))
+    p.set_defaults(func=_run(estimators, estimators_markdown))
 
     p = kinds.add_parser("estimators-sim", formatter_class=fmt,
                          help="recall of planted best demonstrations against subsets: mean, ridge, adaptive")
@@ -131,4 +127,4 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--budgets", type=int, nargs="+", default=[150, 300, 600, 1200, 2400])
     p.add_argument("--json-out", help="also write the full result as JSON here")
-    p.set_defaults(func=_run("estimators-sim", estimators_sim))
+    p.set_defaults(func=_run(estimators_sim, estimators_markdown))

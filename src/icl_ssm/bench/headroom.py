@@ -1,0 +1,107 @@
+"""``icl-ssm bench headroom``: what there is to select on a task.
+
+Random k-subsets of one pool scored densely on the test set, with how far their accuracies
+spread and how many test answers move at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import numpy as np
+
+from icl_ssm import atomic
+from icl_ssm.bench.selection import log
+from icl_ssm.data.splits import split
+from icl_ssm.data.tasks import get_task
+from icl_ssm.lm.models import load_model
+from icl_ssm.lm.prompts import PromptBuilder
+from icl_ssm.select.evaluate import evaluate_selection
+
+
+def headroom_summary(correct: np.ndarray, pred: np.ndarray, gold: np.ndarray) -> dict:
+    """What ``S`` prompts (random subsets of one pool) do to ``Q`` test answers.
+
+    ``correct``, ``pred``: ``(S, Q)`` the task's metric and the predicted label index of every
+    set on every question; ``gold``: ``(Q,)`` the gold label indices. The spread of the sets'
+    accuracies is what a selector can win over a random set (``best_minus_mean``: the best
+    sampled set over the mean, a lower bound on an oracle's gain). ``moved``: the share of
+    questions whose answer differs between any two sets; every sampled set's accuracy lies within
+    ``fixed_right`` (right whatever the set) and ``fixed_right + moved``. ``some_set_right``: the
+    questions at least one set answers right. ``one_answer_share``: the share of its answers a set
+    gives with its most frequent one, averaged over the sets (1.0: every set answers one label);
+    ``constant_answer``: the accuracy of always answering the most frequent gold label."""
+    correct, pred, gold = np.asarray(correct, float), np.asarray(pred), np.asarray(gold)
+    if correct.ndim != 2 or correct.shape != pred.shape or correct.shape[1] != len(gold):
+        raise ValueError(f"correct {correct.shape} and pred {pred.shape} must be (sets, queries) with queries = "
+                         f"len(gold) = {len(gold)}")
+    if correct.shape[0] < 2:
+        raise ValueError(f"{correct.shape[0]} set(s); the spread needs at least 2")
+    acc = correct.mean(1)
+    moved = (pred != pred[:1]).any(0)
+    share = [np.unique(row, return_counts=True)[1].max() / len(row) for row in pred]
+    return {"sets": int(correct.shape[0]), "queries": int(correct.shape[1]), "mean": float(acc.mean()),
+            "std": float(acc.std()), "min": float(acc.min()), "max": float(acc.max()),
+            "best_minus_mean": float(acc.max() - acc.mean()), "moved": float(moved.mean()),
+            "fixed_right": float((correct.min(0) * ~moved).mean()), "some_set_right": float(correct.max(0).mean()),
+            "one_answer_share": float(np.mean(share)),
+            "constant_answer": float(np.unique(gold, return_counts=True)[1].max() / len(gold))}
+
+
+def headroom(args: argparse.Namespace) -> dict:
+    """``--sets`` random k-subsets of one pool per task (each in its drawn order), every one scored
+    densely on the test set: how much choosing the demonstrations can move this model's
+    accuracy on the task at all (:func:`headroom_summary`). Every task is checked before the
+    first is scored; with ``--json-out`` the report is rewritten after every task (``partial``,
+    ``tasks_done``), so a long run that is stopped keeps the tasks it finished."""
+    if args.sets < 2:
+        raise ValueError(f"--sets {args.sets}; expected >= 2 (the spread of accuracies needs two sets)")
+    if args.k < 1:
+        raise ValueError(f"--k {args.k}; expected >= 1")
+    todo = []
+    for task_name in args.tasks:
+        task = get_task(task_name)
+        if task.kind != "classification":
+            raise ValueError(f"--tasks {task_name}: headroom reads predicted labels; the task is {task.kind!r}")
+        splits = split(task, pool_size=args.pool_size, seed=args.seed)
+        if args.k > len(splits.pool):
+            raise ValueError(f"--k {args.k} is larger than {task_name}'s pool of {len(splits.pool)}")
+        todo.append((task_name, task, splits))
+    model, tokenizer = load_model(args.model)
+    tasks = {}
+    report = {"model": args.model, "k": args.k, "seed": args.seed, "pool_size": args.pool_size,
+              "test_size": args.test_size, "tasks": tasks}
+    for n, (task_name, task, splits) in enumerate(todo):
+        builder = PromptBuilder.for_model(model, tokenizer, task)
+        test = splits.test[: args.test_size]
+        rng = np.random.default_rng(args.seed)
+        sets, correct, pred = [], [], []
+        for j in range(args.sets):
+            idx = [int(i) for i in rng.choice(len(splits.pool), size=args.k, replace=False)]
+            r = evaluate_selection(model, builder, [splits.pool[i] for i in idx], test,
+                                     query_batch=args.query_batch, per_query=True)
+            labels = Counter(splits.pool[i].target for i in idx)
+            sets.append({"indices": idx, "test_accuracy": r["accuracy"], "test_loss": r["loss"],
+                         "labels": dict(labels)})
+            correct.append(r["correct"])
+            pred.append(r["pred"])
+            log(f"{task_name} set {j}: {r['accuracy']:.3f} ({r['seconds']:.0f} s) labels {dict(labels)}")
+        gold = [builder.label_index(e) for e in test]
+        tasks[task_name] = {**headroom_summary(np.array(correct), np.array(pred), np.array(gold)), "set_rows": sets}
+        if args.json_out and n < len(todo) - 1:
+            atomic.write_json(args.json_out, {**report, "partial": True, "tasks_done": list(tasks),
+                                              "argv": getattr(args, "argv", None)})
+    return report
+
+
+def headroom_markdown(result: dict) -> str:
+    lines = ["| task | sets | test accuracy (mean ± std) | min | max | max - mean | answers that move | "
+             "right whatever the set | some set right | one answer's share | constant answer |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {t} | {h['sets']} | {100 * h['mean']:.1f} ± {100 * h['std']:.1f} | {100 * h['min']:.1f} | "
+              f"{100 * h['max']:.1f} | {100 * h['best_minus_mean']:+.1f} | {100 * h['moved']:.1f}% | "
+              f"{100 * h['fixed_right']:.1f} | {100 * h['some_set_right']:.1f} | "
+              f"{100 * h['one_answer_share']:.1f}% | {100 * h['constant_answer']:.1f} |"
+              for t, h in result["tasks"].items()]
+    return "\n".join(lines)

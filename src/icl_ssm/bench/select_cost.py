@@ -1,0 +1,76 @@
+"""``icl-ssm bench select-cost``: FLOPs and wall seconds per subset of the three evaluators.
+
+FLOPs (FlopCounterMode, in a pass of their own) and wall seconds (timed without the counter,
+and with it) per subset of compressed caches, dense prefix caches shared by a subset's
+queries, and one full dense prompt per query (the paper's accounting), at several ``k``, in
+one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+import numpy as np
+
+from icl_ssm.bench.selection import load, log
+from icl_ssm.data.splits import split
+from icl_ssm.data.tasks import get_task
+from icl_ssm.lm.prompts import PromptBuilder
+from icl_ssm.select.evaluators import CacheEvaluator, PerQueryDenseEvaluator, SubsetEvaluator
+from icl_ssm.select.sampling import balanced_subsets
+
+
+def select_cost(args: argparse.Namespace) -> dict:
+    model, tokenizer, compressor = load(args)
+    task = get_task(args.task)
+    splits = split(task, seed=args.seed)
+    builder = PromptBuilder.for_model(model, tokenizer, task)
+    validation = splits.validation[: args.queries]
+    rows = []
+    for k in args.k:
+        subsets = balanced_subsets(len(splits.pool), k, args.subsets + 1, np.random.default_rng(args.seed))
+        evaluators = {  # each query path: batched (a cache copy per query, padded) and packed
+            f"{cache}{'-packed' if pack else ''}": CacheEvaluator(
+                model, builder, cache, compressor if cache == "compressed" else None, batch=1,
+                query_batch=args.query_batch, pack=pack)
+            for pack in (False, True) for cache in ("compressed", "dense")
+        }
+        if k <= args.per_query_max_k:
+            evaluators["dense-per-query"] = PerQueryDenseEvaluator(model, builder, batch=args.query_batch)
+        lengths = [len(builder.build_prefix([splits.pool[i] for i in s]).input_ids) for s in subsets[1:]]
+        for name, ev in evaluators.items():
+            ev.evaluate(splits.pool, validation, subsets[:1])  # warm-up, not counted
+            n = len(subsets) - 1
+            counted = _with_flops(ev, "count").evaluate(splits.pool, validation, subsets[1:])  # FLOPs
+            timed = _with_flops(ev, "off").evaluate(splits.pool, validation, subsets[1:])  # seconds, no counter
+            rows.append({"k": k, "evaluator": name, "prompt_tokens": float(np.mean(lengths)),
+                         "flops_per_subset": counted.cost.flops / n, "seconds_per_subset": timed.cost.seconds / n,
+                         "seconds_per_subset_counting": counted.cost.seconds / n,
+                         "tokens_per_subset": timed.tokens / n})
+            log(f"k={k} {name}: {counted.cost.flops / n / 1e9:.1f} GFLOP, {timed.cost.seconds / n:.2f} s per subset "
+                 f"({counted.cost.seconds / n:.2f} s with the FLOP counter)")
+    for r in rows:  # against the compressed evaluator on the same query path (per-query: the batched one)
+        path = "compressed-packed" if r["evaluator"].endswith("-packed") else "compressed"
+        comp = next(c for c in rows if c["k"] == r["k"] and c["evaluator"] == path)
+        r["flops_vs_compressed"] = r["flops_per_subset"] / comp["flops_per_subset"]
+        r["seconds_vs_compressed"] = r["seconds_per_subset"] / comp["seconds_per_subset"]
+    return {"model": args.model, "task": args.task, "queries": len(validation), "subsets": args.subsets,
+            "rows": rows}
+
+
+def _with_flops(ev: SubsetEvaluator, mode: str) -> SubsetEvaluator:
+    """``ev`` counting FLOPs as ``mode`` says (CacheEvaluator); the per-query reference always counts."""
+    return replace(ev, flops=mode) if isinstance(ev, CacheEvaluator) else ev
+
+
+def select_cost_markdown(result: dict) -> str:
+    lines = ["| k | prompt tokens | evaluator | GFLOP / subset | s / subset | s / subset, FLOPs counted | "
+             "FLOPs vs compressed | time vs compressed |", "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        counting = r.get("seconds_per_subset_counting")
+        lines.append(f"| {r['k']} | {r['prompt_tokens']:.0f} | {r['evaluator']} | "
+                     f"{r['flops_per_subset'] / 1e9:.2f} | {r['seconds_per_subset']:.2f} | "
+                     f"{'—' if counting is None else f'{counting:.2f}'} | "
+                     f"{r['flops_vs_compressed']:.1f}x | {r['seconds_vs_compressed']:.1f}x |")
+    return "\n".join(lines)
