@@ -36,7 +36,8 @@ from icl_ssm.compress.cache import summary_inputs
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load_compressor
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
-from icl_ssm.distill.train import COMPRESSOR_FIELDS, DistillConfig, training_states
+from icl_ssm.distill.config import COMPRESSOR_FIELDS, DistillConfig
+from icl_ssm.distill.train import training_states
 from icl_ssm.evaluate.answers import pad_right
 from icl_ssm.evaluate.fidelity import sample_subsets
 from icl_ssm.lm.models import load_model

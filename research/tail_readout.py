@@ -39,9 +39,9 @@ from icl_ssm.compress.cache import PrefixCache, exact_cache, forward_with_prefix
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
+from icl_ssm.distill.config import DistillConfig
 from icl_ssm.distill.losses import bucket_kl, hidden_loss, label_kl, rank_loss
 from icl_ssm.distill.teacher import TeacherCache
-from icl_ssm.distill.train import DistillConfig
 from icl_ssm.evaluate.fidelity import evaluate_paths, fidelity_report, report_setting
 from icl_ssm.evaluate.stats import spearman_ci
 from icl_ssm.lm.batch import pad_ids

@@ -20,8 +20,9 @@ from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
 from icl_ssm.distill import teacher as TT
 from icl_ssm.distill import train as distill_train
+from icl_ssm.distill.config import DistillConfig
 from icl_ssm.distill.losses import bucket_kl, kv_alignment_loss, label_kl, rank_loss
-from icl_ssm.distill.train import DistillConfig, group_losses, training_states
+from icl_ssm.distill.train import group_losses, training_states
 from icl_ssm.lm.models import load_model
 
 SMALL = ["--model", "tiny-llama", "--task", "coin_flip", "--k", "4", "--samples", "8", "--queries", "2",

@@ -344,8 +344,9 @@ def test_the_distillation_trains_a_compressor_for_the_regression_teacher(tmp_pat
     targets from the regression teacher; stage 2 brings the compressed predictions closer."""
     from icl_ssm.compress.cache import compressed_cache, forward_with_prefix
     from icl_ssm.compress.compressor import load_compressor
+    from icl_ssm.distill.config import DistillConfig
     from icl_ssm.distill.regression import regression_targets
-    from icl_ssm.distill.train import DistillConfig, train
+    from icl_ssm.distill.train import train
 
     teacher = tiny_teacher(max_pairs=12)
     task = RegressionTask("linear", d=4, clusters=2, seed=0)

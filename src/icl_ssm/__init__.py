@@ -24,8 +24,8 @@ from icl_ssm.compress.pretrained import find_pretrained, load_pretrained
 from icl_ssm.data.splits import Splits, split
 from icl_ssm.data.tasks import TASKS, Example, Task, get_task
 from icl_ssm.data.tasks import register as register_task
+from icl_ssm.distill.config import DistillConfig
 from icl_ssm.distill.run import train_compressor
-from icl_ssm.distill.train import DistillConfig
 from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
 from icl_ssm.lm.models import EMBEDDED_MODELS, load_model, model_info
 from icl_ssm.lm.prompts import Prompt, PromptBuilder

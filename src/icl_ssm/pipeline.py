@@ -35,8 +35,8 @@ from icl_ssm.compress.compressor import load_compressor
 from icl_ssm.compress.pretrained import find_pretrained
 from icl_ssm.data.splits import Splits, label_warning, split
 from icl_ssm.data.tasks import get_task
+from icl_ssm.distill.config import DistillConfig
 from icl_ssm.distill.run import train_compressor
-from icl_ssm.distill.train import DistillConfig
 from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
 from icl_ssm.evaluate.verdict import VERDICT_EVALUATORS, fidelity_verdict
 from icl_ssm.lm.models import DEFAULT_MODEL, load_model

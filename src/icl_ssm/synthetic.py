@@ -36,8 +36,9 @@ from icl_ssm.compress.cache import summary_states
 from icl_ssm.compress.compressor import SSMCompressor, load_compressor
 from icl_ssm.cost import measure
 from icl_ssm.data.regression import RegressionTask
+from icl_ssm.distill.config import DistillConfig
 from icl_ssm.distill.regression import regression_targets
-from icl_ssm.distill.train import DistillConfig, train
+from icl_ssm.distill.train import train
 from icl_ssm.evaluate.stats import interval, paired_separability, paired_spearman, spearman, spearman_ci
 from icl_ssm.lm.regression import RegressionTeacher, load_teacher
 from icl_ssm.select.affinity import AffinitySelector

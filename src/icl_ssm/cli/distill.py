@@ -1,4 +1,4 @@
-"""``icl-ssm distill``: every :class:`~icl_ssm.distill.train.DistillConfig` field is a flag; a
+"""``icl-ssm distill``: every :class:`~icl_ssm.distill.config.DistillConfig` field is a flag; a
 flag not given takes its value from ``--recipe`` (``measured``, the default; ``paper``: the
 paper's settings). Runs as-is in one process and under ``accelerate launch -m icl_ssm distill``."""
 
@@ -9,8 +9,9 @@ import sys
 from dataclasses import fields
 
 from icl_ssm.cli.options import add_task_option_flags, task_options
+from icl_ssm.distill.config import FIELD_HELP, RECIPES, DistillConfig
 from icl_ssm.distill.run import fill_teacher_cache, train_compressor
-from icl_ssm.distill.train import FIELD_HELP, RECIPES, DistillConfig, TrainingDiverged
+from icl_ssm.distill.train import TrainingDiverged
 
 
 def config_from_args(args: argparse.Namespace) -> DistillConfig:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from icl_ssm import atomic
-from icl_ssm.distill.train import FIELD_HELP
+from icl_ssm.distill.config import FIELD_HELP
 
 
 def _train(args: argparse.Namespace) -> int:

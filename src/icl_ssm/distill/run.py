@@ -1,7 +1,7 @@
 """Distillation end to end: build (or reuse) the teacher cache, then train a compressor.
 
 :func:`train_compressor` is the entry point (``icl-ssm distill`` parses its flags into a
-:class:`~icl_ssm.distill.train.DistillConfig` and calls it). It works as-is in one process and
+:class:`~icl_ssm.distill.config.DistillConfig` and calls it). It works as-is in one process and
 under ``accelerate launch`` (data parallel: teacher shards and training groups are split across
 processes, and every process ends with the same weights)."""
 
@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from icl_ssm import atomic
+from icl_ssm.distill.config import DistillConfig
 from icl_ssm.distill.teacher import (
     TeacherCache,
     TeacherSpec,
@@ -23,7 +24,7 @@ from icl_ssm.distill.teacher import (
     model_fingerprint,
     task_builders,
 )
-from icl_ssm.distill.train import DistillConfig, train
+from icl_ssm.distill.train import train
 from icl_ssm.lm.models import load_model
 
 

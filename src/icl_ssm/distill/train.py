@@ -15,206 +15,30 @@ plus a ranking term aimed at what selection needs.
 Only the compressor trains. Training is data-parallel through ``accelerate`` (each process
 takes whole groups and gradients are averaged across processes; the loss is a mean over the
 step's groups, so N processes equal one process that takes all of them). Checkpoints are
-written atomically, and ``resume`` ends with the weights of an uninterrupted run.
+written atomically (:mod:`.checkpoint`), and ``resume`` ends with the weights of an uninterrupted
+run. The run's config and recipes are in :mod:`.config`.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from icl_ssm import atomic
 from icl_ssm.compress.cache import compressed_cache, forward_with_prefix, summary_inputs
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
-from icl_ssm.distill.losses import RANK_LEVELS, bucket_kl, hidden_loss, kv_alignment_loss, label_kl, rank_loss
-from icl_ssm.distill.teacher import TeacherCache, validate_shared_tail
+from icl_ssm.distill.checkpoint import load_checkpoint, save_checkpoint, save_final
+from icl_ssm.distill.config import COMPRESSOR_FIELDS, DistillConfig
+from icl_ssm.distill.losses import bucket_kl, hidden_loss, kv_alignment_loss, label_kl, rank_loss
+from icl_ssm.distill.teacher import TeacherCache
 from icl_ssm.lm.batch import pad_ids
-from icl_ssm.ssm.layer import validate_learn_dt
-
-COMPRESSOR_FIELDS = ("state_size", "channels", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size",
-                     "system", "dt", "learn_dt", "method", "control", "standardize", "position", "gate", "gate_init",
-                     "ssm_input", "pair_size", "pair_window", "input_rank")
-
-
-@dataclass
-class DistillConfig:
-    """One distillation run. Every weight of the objective is a field.
-
-    :data:`FIELD_HELP` says what each field means. The defaults are the recipe measured best
-    on SmolLM2-135M (BENCHMARKS.md: the gated hybrid, run G, with a 25% warm-up, and the
-    scale-invariant LegS system, best of item 7's ablation over three tasks): 16 exact recent
-    tokens beside gated virtual tokens, the ranking term, stage 2 at 1e-3 for 2 epochs.
-    ``DistillConfig.recipe("paper")`` gives the paper's own settings for everything that recipe
-    changes (:data:`PAPER_RECIPE`).
-    """
-
-    model: str = "smollm2-135m"
-    tasks: tuple[str, ...] = ("rotten_tomatoes",)
-    k: int = 20
-    samples: int = 128
-    queries: int = 8
-    group_size: int = 4
-    shared_tail: int = 0
-    shared_tail_every: int = 1
-    seed: int = 0
-    # compressor
-    state_size: int = 256
-    channels: int = 1
-    num_groups: int = 0
-    num_virtual: int = 16
-    num_sink: int = 4
-    num_recent: int = 16
-    latent_size: int = 128
-    system: str = "scale_invariant"
-    dt: float = 0.002  # time_invariant only
-    learn_dt: bool = False
-    dt_lr: float = 0.05
-    method: str = "bilinear"
-    control: bool = False
-    standardize: bool = False
-    position: str = "compressed"
-    gate: bool = True
-    gate_init: float = -4.0
-    ssm_input: str = "embeddings"  # what the SSM scans: embeddings, or "layer:l" (the states after l layers)
-    pair_size: int = 0  # > 0: the SSM also scans products of each token with those before it
-    pair_window: int = 1
-    input_rank: int = 0  # > 0: the SSM reads a learned rank-r projection of its input
-    gate_lr: float = 0.1  # the gates' own learning rate (same schedule): a gate moves ~lr per step under Adam
-    # stage 1 (the paper's code: lr 3e-4, 2 epochs)
-    stage1_epochs: float = 2.0
-    stage1_lr: float = 3e-4
-    # stage 2 (the paper's code: lr 5e-5, 1 epoch, KL at temperature 2 scaled by T^2)
-    stage2_epochs: float = 2.0
-    stage2_lr: float = 1e-3
-    temperature: float = 2.0
-    lambda_kl: float = 1.0
-    lambda_hidden: float = 1.0
-    lambda_rank: float = 1.0
-    rank_level: str = "query"
-    lambda_label: float = 0.0
-    topk: int = 64
-    groups_per_step: int = 1
-    warmup_ratio: float = 0.25  # of each stage's steps; 0.05 lets stage 2 at 1e-3 diverge on modular_addition
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    checkpoint_every: int = 50
-    chat: bool = False
-    task_options: dict[str, dict] = field(default_factory=dict)  # task name -> get_task options
-    init_from: str = ""  # a trained compressor directory: start from its weights, stage 2 only (transfer)
-
-    def __post_init__(self):
-        self.tasks = tuple(self.tasks)
-        for name in ("k", "samples", "queries", "group_size", "groups_per_step", "checkpoint_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("pair_size", "input_rank"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be an integer >= 0 (0: off), got {getattr(self, name)!r}")
-        if not isinstance(self.pair_window, int) or self.pair_window <= 0:
-            raise ValueError(f"pair_window must be a positive integer, got {self.pair_window!r}")
-        for name in ("stage1_epochs", "stage2_epochs", "lambda_kl", "lambda_hidden", "lambda_rank",
-                     "lambda_label", "gate_lr", "dt_lr"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        validate_shared_tail(self.shared_tail, self.shared_tail_every, self.k)
-        if self.rank_level not in RANK_LEVELS:
-            raise ValueError(f"rank_level {self.rank_level!r}; accepted: {', '.join(RANK_LEVELS)}")
-        validate_learn_dt(self.learn_dt, self.system)
-        if self.init_from and self.stage2_epochs == 0:
-            raise ValueError(f"--init-from {self.init_from!r} runs stage 2 only, but --stage2-epochs is 0")
-        if self.stage1_epochs == 0 and self.stage2_epochs == 0:
-            raise ValueError("stage1_epochs and stage2_epochs are both 0: nothing to train")
-
-    def compressor_overrides(self) -> dict:
-        out = {name: getattr(self, name) for name in COMPRESSOR_FIELDS}
-        if not out["num_groups"]:
-            del out["num_groups"]
-        return out
-
-    @classmethod
-    def recipe(cls, name: str = "measured", **overrides) -> DistillConfig:
-        """The named recipe (:data:`RECIPES`) with ``overrides`` on top."""
-        if name not in RECIPES:
-            raise ValueError(f"recipe {name!r}: accepted: {', '.join(RECIPES)}")
-        return cls(**{**RECIPES[name], **overrides})
-
-
-# What each DistillConfig field means (the ``icl-ssm distill`` flags' help)
-FIELD_HELP = {
-    "model": "teacher: an embedded name, a Hugging Face id or a local directory",
-    "tasks": "one or several tasks (training episodes are spread over them)",
-    "k": "demonstrations per training subset",
-    "samples": "training episodes (demonstration subsets), teacher targets cached on disk",
-    "queries": "validation queries per episode, shared by the subsets of a group",
-    "group_size": "subsets that share their queries (what the ranking term compares)",
-    "shared_tail": "last demonstrations common to a group's subsets (0: independent subsets)",
-    "shared_tail_every": "shared tails in every e-th group only (the others independent)",
-    "seed": "training subsets, queries and initialisation",
-    "state_size": "SSM state size N",
-    "channels": "independent LegS memories per layer group, N / channels coefficients each (1: the paper's layout)",
-    "num_groups": "layer groups, one SSM and head each (0: 4, capped at the layer count)",
-    "num_virtual": "virtual tokens n_v per layer",
-    "num_sink": "exact attention-sink tokens at the start of the prompt",
-    "num_recent": "last prompt tokens kept exact, re-encoded after the summary",
-    "latent_size": "width of the head's latent",
-    "system": "SSM transition: time_invariant (LegS with step dt) or scale_invariant (LegS, no dt)",
-    "dt": "SSM step (time_invariant): memory of about 1/dt tokens",
-    "learn_dt": "make log dt a parameter per layer group, starting at log(dt), trained at dt_lr",
-    "dt_lr": "learning rate of log dt (with --learn-dt; same schedule, no weight decay)",
-    "method": "discretisation: bilinear or zoh",
-    "control": "prompt-independent virtual tokens (the control a compressor is judged against)",
-    "standardize": "centre and scale each SSM state coordinate by its mean and std over the training prompts",
-    "position": "position ids after the cache: compressed (count cache slots) or original (prompt length)",
-    "gate": "a learned attention bias per virtual token, starting at --gate-init (nearly closed)",
-    "gate_init": "starting gate bias (very negative: the untrained cache is the sinks + recent window)",
-    "ssm_input": "what the SSM scans: embeddings (the paper), or layer:l, the teacher's hidden states after its "
-                 "first l layers (they can carry interactions of tokens; cost l/L of a dense prefill)",
-    "pair_size": "products of each token with a learned filter of the tokens before it that the SSM scans beside "
-                 "its input (H3's multiplicative input: lets the state sum token interactions; 0: none, the paper)",
-    "pair_window": "how many tokens back those products reach (the filter's length)",
-    "input_rank": "a learned projection of the SSM's input to this many numbers per token, shared by the layer "
-                  "groups (0: none, the paper): a cheaper scan input",
-    "gate_lr": "learning rate of the gates",
-    "stage1_epochs": "stage 1 (KV alignment to the pooled teacher K/V) epochs",
-    "init_from": "a compressor trained on another task (same teacher and shape): start from its weights and run "
-                 "stage 2 only (cross-task transfer)",
-    "stage1_lr": "stage 1 learning rate",
-    "stage2_epochs": "stage 2 (output distillation) epochs",
-    "stage2_lr": "stage 2 learning rate",
-    "temperature": "KL temperature (the loss is scaled by its square)",
-    "lambda_kl": "weight of the answer-distribution KL",
-    "lambda_hidden": "weight of the query hidden-state cosine term",
-    "lambda_rank": "weight of the ranking term (how losses differ between a group's subsets; not in the paper)",
-    "rank_level": "what the ranking term matches: query (each subset-query loss) or subset (each subset's mean loss)",
-    "lambda_label": "weight of the KL over the label words alone (classification, temperature 1)",
-    "topk": "teacher answer tokens stored per query (the rest is one bucket)",
-    "groups_per_step": "groups per optimiser step",
-    "warmup_ratio": "warm-up share of each stage's steps",
-    "weight_decay": "AdamW weight decay",
-    "max_grad_norm": "gradient clipping norm",
-    "checkpoint_every": "steps between checkpoints",
-    "chat": "wrap prompts in the model's chat template",
-}
-
-
-# The paper's settings (from its code) for every field the measured recipe changes: no exact
-# recent tokens, no gates, no ranking term, stage 2 at 5e-5 for one epoch, a 5% warm-up.
-PAPER_RECIPE = {"num_recent": 0, "gate": False, "lambda_rank": 0.0, "stage2_lr": 5e-5, "stage2_epochs": 1.0,
-                "warmup_ratio": 0.05, "system": "time_invariant"}
-
-
-RECIPES: dict[str, dict] = {"measured": {}, "paper": PAPER_RECIPE}
 
 
 def _on(episode: dict, device: torch.device) -> dict:
@@ -349,65 +173,6 @@ def _lr_factor(step: int, start: int, end: int, warmup_ratio: float) -> float:
     if t < warm:
         return (t + 1) / warm
     return 0.5 * (1 + math.cos(math.pi * (t - warm) / max(n - warm, 1)))
-
-
-def _atomic_dir_write(target: Path, write: Callable[[Path], None]) -> None:
-    tmp = target.with_name(target.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    old = target.with_name(target.name + ".old")
-    if target.exists():
-        os.replace(target, old)
-    os.replace(tmp, target)
-    if old.exists():
-        shutil.rmtree(old)
-
-
-def save_checkpoint(directory: Path, compressor, optimizer, step: int, history: list[dict]) -> None:
-    def write(tmp: Path) -> None:
-        compressor.save_pretrained(tmp)
-        torch.save({"optimizer": optimizer.state_dict(), "step": step, "history": history,
-                    "torch_rng": torch.get_rng_state()}, tmp / "trainer_state.pt")
-
-    _atomic_dir_write(directory / "checkpoint", write)
-
-
-def save_final(out: Path, compressor, cfg, history: list[dict]) -> None:
-    """The trained weights, config and history, each file complete or absent.
-
-    ``save_pretrained`` writes into a temporary directory beside them; its files get the mode a
-    plain ``open()`` would give (safetensors writes owner-only files) and are renamed into
-    ``out`` one by one, the weights last: weights present and no checkpoint left is what
-    ``validate_out`` reads as a finished run.
-    """
-    tmp = out / ".final.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    compressor.save_pretrained(tmp)
-    for f in sorted(tmp.iterdir(), key=lambda f: f.name == "model.safetensors"):
-        atomic.move_in(f, out / f.name)
-    tmp.rmdir()
-    atomic.write_text(out / "distill_config.json", json.dumps(asdict(cfg), indent=1))
-    atomic.write_text(out / "history.jsonl", "".join(json.dumps(h) + "\n" for h in history))
-
-
-def load_checkpoint(directory: Path, compressor, optimizer) -> tuple[int, list[dict]]:
-    ckpt = directory / "checkpoint"
-    try:
-        from safetensors.torch import load_file
-
-        compressor.load_state_dict(load_file(str(ckpt / "model.safetensors")))
-        trainer = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-        optimizer.load_state_dict(trainer["optimizer"])
-        torch.set_rng_state(trainer["torch_rng"])
-    except FileNotFoundError as err:
-        raise ValueError(f"--resume: no checkpoint in {str(directory)!r} ({err.filename} is missing)") from err
-    except Exception as err:
-        raise ValueError(f"--resume: checkpoint in {str(ckpt)!r} is corrupted: {type(err).__name__}: {err}") from err
-    return trainer["step"], trainer["history"]
 
 
 def _average_gradients(module: torch.nn.Module, world: int) -> None:
