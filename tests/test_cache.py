@@ -9,10 +9,10 @@ from icl_ssm.compress.cache import (
     compressed_cache,
     exact_cache,
     forward_with_prefix,
-    generate_with_prefix,
     window_cache,
 )
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load_compressor, parameter_budget
+from icl_ssm.compress.generate import generate_with_prefix
 from icl_ssm.lm.hf import output_cache
 from icl_ssm.lm.scoring import continuation_logprobs, continuation_logprobs_ref, greedy_generate
 from icl_ssm.lm.tiny import tiny_config, tiny_model
@@ -463,7 +463,7 @@ def test_rerotated_keys_match_keys_computed_at_the_new_position(arch):
 
 @pytest.mark.parametrize("position", ["original", "compressed"])
 def test_streaming_cache_keeps_the_dense_sinks_and_recent_tokens(position):
-    from icl_ssm.compress.cache import streaming_cache
+    from icl_ssm.compress.baselines import streaming_cache
 
     model = tiny_model("llama").eval()
     ids = torch.randint(3, 100, (2, 14))
@@ -490,13 +490,13 @@ def test_streaming_cache_keeps_the_dense_sinks_and_recent_tokens(position):
 
 
 def test_lm_infinite_prefills_under_the_lambda_mask():
-    from icl_ssm.compress.cache import lambda_mask, lm_infinite_cache
+    from icl_ssm.compress.baselines import lambda_mask, lm_infinite_cache
 
     mask = torch.ones(1, 6, dtype=torch.bool)
     seen = lambda_mask(mask, num_global=1, n_local=2)[0, 0] == 0
     assert seen.int().tolist() == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
                                    [1, 0, 1, 1, 0, 0], [1, 0, 0, 1, 1, 0], [1, 0, 0, 0, 1, 1]]
-    from icl_ssm.compress.cache import streaming_cache
+    from icl_ssm.compress.baselines import streaming_cache
 
     # two layers: a kept token's layer-2 K/V read its layer-1 state, which saw only its Lambda
     model = tiny_model("llama", num_hidden_layers=2).eval()

@@ -14,8 +14,9 @@ import torch
 from helpers import qa_task
 
 from icl_ssm.compress import pretrained as pretrained_mod
-from icl_ssm.compress.cache import compress_demonstrations, exact_cache, generate_with_prefix
+from icl_ssm.compress.cache import compress_demonstrations, exact_cache
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
+from icl_ssm.compress.generate import generate_with_prefix
 from icl_ssm.compress.pretrained import find_pretrained, load_pretrained
 from icl_ssm.cost import ShapeFlops
 from icl_ssm.data.splits import split

@@ -16,10 +16,10 @@ from icl_ssm.compress.cache import (
     compressed_cache,
     exact_cache,
     forward_with_prefix,
-    generate_with_prefix,
     window_cache,
 )
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load_compressor
+from icl_ssm.compress.generate import generate_with_prefix
 from icl_ssm.compress.pretrained import find_pretrained, load_pretrained
 from icl_ssm.data.splits import Splits, split
 from icl_ssm.data.tasks import TASKS, Example, Task, get_task

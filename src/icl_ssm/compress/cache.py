@@ -1,4 +1,5 @@
-"""Every contact with the transformers Cache API (v5) lives here.
+"""Every contact with the transformers Cache API (v5) lives here, and in the two modules built on
+this one: :mod:`.baselines` (the StreamingLLM and LM-Infinite caches) and :mod:`.generate`.
 
 A :class:`PrefixCache` is what stands in front of a query: per-layer keys and values
 ``(B, H_kv, L, d)`` (post-RoPE, as the teacher's own cache holds them), which of the ``L``
@@ -38,10 +39,8 @@ from icl_ssm.lm.hf import (
     kv_from_cache,
     output_cache,
     prefix_attention_mask,
-    rerotate_keys,
     with_cache,
 )
-from icl_ssm.lm.scoring import greedy_generate
 
 
 @dataclass(frozen=True)
@@ -287,42 +286,6 @@ def window_cache(
     return PrefixCache(keys, values, slot, next_position=start, prompt_length=lengths)
 
 
-def streaming_cache(
-    model: PreTrainedModel,
-    input_ids: Tensor,
-    attention_mask: Tensor | None,
-    num_sink: int,
-    n_window: int,
-    position: str = "original",
-) -> PrefixCache:
-    """StreamingLLM (Xiao et al., 2024): the attention sinks and the last ``n_window`` tokens of
-    the *dense* cache, whose K/V were computed with the whole prompt in view (unlike
-    :func:`window_cache`, which encodes those tokens alone).
-
-    ``position="original"``: the kept keys keep their positions and the query continues at the
-    prompt's length (what evicting entries from a cache gives). ``"compressed"``: the recent keys
-    are re-rotated (:func:`~icl_ssm.lm.hf.rerotate_keys`) to sit right after the sinks, and the
-    query continues after the kept tokens, as StreamingLLM assigns positions within its cache.
-    Rows no longer than ``num_sink + n_window`` keep their whole prompt (left-padded in the slot
-    mask, as in :func:`window_cache`).
-    """
-    if position not in ("original", "compressed"):
-        raise ValueError(f"position={position!r}; accepted: 'original', 'compressed'")
-    mask = _check_prompt(input_ids, attention_mask)
-    dense = exact_cache(model, input_ids, mask)
-    lengths = mask.sum(1)
-    index, slot = sink_window_slots(lengths, num_sink, n_window)
-    keys, values = gather_slots(dense.keys, index), gather_slots(dense.values, index)
-    if position == "original":
-        return PrefixCache(keys, values, slot, next_position=lengths, prompt_length=lengths)
-    # the recent tokens move back to just after the sinks (rows that kept everything do not move)
-    L = num_sink + n_window
-    shift = torch.zeros_like(index)
-    shift[:, num_sink:] = -(lengths - L).clamp(min=0)[:, None]
-    keys = tuple(rerotate_keys(model, k, shift) for k in keys)
-    return PrefixCache(keys, values, slot, next_position=slot.sum(1), prompt_length=lengths)
-
-
 def sink_window_slots(lengths: Tensor, num_sink: int, n_window: int) -> tuple[Tensor, Tensor]:
     """For prompts of ``lengths: (B,)`` tokens, the positions ``(B, num_sink + n_window)`` of the
     sinks and the last ``n_window`` tokens, and the bool mask of the slots that hold one; a
@@ -336,52 +299,6 @@ def sink_window_slots(lengths: Tensor, num_sink: int, n_window: int) -> tuple[Te
         index[b, L - len(keep):] = torch.tensor(keep, device=lengths.device)
         slot[b, L - len(keep):] = True
     return index, slot
-
-
-def gather_slots(tensors: Sequence[Tensor], index: Tensor) -> tuple[Tensor, ...]:
-    """Each ``(B, H, T, d)`` tensor at the positions ``index: (B, L)`` -> ``(B, H, L, d)``."""
-    at = index[:, None, :, None]
-    return tuple(t.gather(2, at.expand(-1, t.shape[1], -1, t.shape[3])) for t in tensors)
-
-
-def lambda_mask(mask: Tensor, num_global: int, n_local: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """LM-Infinite's Lambda-shaped attention over right-padded prompts ``mask: (B, T)``: token
-    ``i`` sees token ``j <= i`` when ``j < num_global`` or ``i - j < n_local``. The additive 4D
-    mask ``(B, 1, T, T)`` that transformers passes to attention as-is."""
-    T = mask.shape[1]
-    i = torch.arange(T, device=mask.device)[:, None]
-    j = torch.arange(T, device=mask.device)[None]
-    allowed = (j <= i) & ((j < num_global) | (i - j < n_local))  # (T, T)
-    allowed = allowed[None] & mask.bool()[:, None, :]  # keys must be real tokens
-    allowed = allowed | torch.eye(T, dtype=torch.bool, device=mask.device)[None]  # padding rows see themselves
-    low = torch.finfo(dtype).min
-    return torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill(~allowed, low)[:, None]
-
-
-def lm_infinite_cache(
-    model: PreTrainedModel,
-    input_ids: Tensor,
-    attention_mask: Tensor | None,
-    num_sink: int,
-    n_window: int,
-) -> PrefixCache:
-    """LM-Infinite (Han et al., 2024) without its distance cap: the prompt is prefilled under the
-    Lambda-shaped mask (:func:`lambda_mask`: the ``num_sink`` first tokens and the last
-    ``n_window`` before each token), and the answer reads the sinks and the last ``n_window``
-    prompt tokens at their original positions. The distance cap (positions beyond the local
-    window clipped to its size) needs a relative position per query-key pair, which rotary
-    attention as transformers computes it does not take; within the model's context it changes
-    nothing for the local tokens and only the sinks' apparent distance for the others."""
-    mask = _check_prompt(input_ids, attention_mask)
-    position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
-    dtype = next(model.parameters()).dtype
-    out = model(**tokens_arg(model, input_ids), attention_mask=lambda_mask(mask, num_sink, n_window, dtype),
-                position_ids=position_ids, use_cache=True, **with_cache(model, DynamicCache()))
-    keys, values = kv_from_cache(output_cache(out))
-    lengths = mask.sum(1)
-    index, slot = sink_window_slots(lengths, num_sink, n_window)
-    return PrefixCache(gather_slots(keys, index), gather_slots(values, index), slot, next_position=lengths,
-                       prompt_length=lengths)
 
 
 def query_inputs(model: PreTrainedModel, prefix: PrefixCache, input_ids: Tensor,
@@ -487,69 +404,3 @@ def forward_packed(
         return logits, None
     hidden = torch.stack([h[keep] for h in out.hidden_states[1:]], dim=1)  # (n, m, H), row-major
     return logits, hidden[where.to(hidden.device)]
-
-
-def generate_with_prefix(
-    model: PreTrainedModel,
-    prefix: PrefixCache,
-    input_ids: Tensor,
-    attention_mask: Tensor | None = None,
-    **generate_kwargs,
-) -> Tensor:
-    """``model.generate`` from ``prefix`` and a left-padded query; returns the new tokens ``(B, n)``.
-
-    ``generate`` takes the whole sequence and skips what the cache holds, so the prefix is
-    stood for by placeholder ids that are never embedded; position ids follow the prefix's
-    convention.
-
-    A gated prefix (``bias``) needs a 4D attention mask that ``model.generate`` cannot extend
-    step by step: it is decoded greedily by :func:`icl_ssm.lm.scoring.greedy_generate` (which
-    rebuilds the mask each step), and the output is padded like ``generate``'s (with
-    ``pad_token_id``) after an end-of-sequence token; sampling and other generation options
-    are refused for it.
-    """
-    if prefix.bias is not None:
-        return _greedy_from_gated(model, prefix, input_ids, attention_mask, **generate_kwargs)
-    inputs = query_inputs(model, prefix, input_ids, attention_mask)
-    B, L = prefix.batch_size, prefix.length
-    placeholder = torch.zeros(B, L, dtype=input_ids.dtype, device=input_ids.device)
-    positions = torch.cat([torch.zeros(B, L, dtype=torch.long, device=input_ids.device),
-                           inputs["position_ids"]], dim=1)
-    out = model.generate(
-        input_ids=torch.cat([placeholder, input_ids], dim=1),
-        attention_mask=inputs["attention_mask"],
-        position_ids=positions,
-        **{name: inputs[name] for name in ("cache", "past_key_values") if name in inputs},
-        **generate_kwargs,
-    )
-    return out[:, L + input_ids.shape[1]:]
-
-
-GATED_GENERATE_OPTIONS = ("max_new_tokens", "do_sample", "eos_token_id", "pad_token_id")
-
-
-def _greedy_from_gated(model: PreTrainedModel, prefix: PrefixCache, input_ids: Tensor,
-                       attention_mask: Tensor | None, **generate_kwargs) -> Tensor:
-    unsupported = sorted(set(generate_kwargs) - set(GATED_GENERATE_OPTIONS))
-    if generate_kwargs.get("do_sample") or unsupported:
-        raise ValueError(
-            f"generate_with_prefix: a gated prefix (compressor with gate=True) is decoded greedily; got "
-            f"{'do_sample=True' if generate_kwargs.get('do_sample') else ', '.join(unsupported)}. Accepted: "
-            f"{', '.join(GATED_GENERATE_OPTIONS)} (do_sample=False)"
-        )
-    config = model.generation_config
-    eos = generate_kwargs.get("eos_token_id", config.eos_token_id)
-    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    pad = generate_kwargs.get("pad_token_id", config.pad_token_id)
-    pad = pad if pad is not None else (eos[0] if eos else 0)
-    mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    prompts = [row[m].tolist() for row, m in zip(input_ids, mask)]
-    limit = generate_kwargs.get("max_new_tokens", config.max_new_tokens or 20)
-    new = greedy_generate(model, prompts, prefix=prefix, eos_token_ids=eos, max_new_tokens=limit)
-    # like generate: a row that stopped early ends with its end-of-sequence token, padding follows
-    rows = [seq + eos[:1] if eos and len(seq) < limit else seq for seq in new]
-    width = max(map(len, rows), default=0)
-    out = torch.full((len(rows), width), pad, dtype=input_ids.dtype, device=input_ids.device)
-    for b, seq in enumerate(rows):
-        out[b, : len(seq)] = torch.tensor(seq, dtype=input_ids.dtype)
-    return out

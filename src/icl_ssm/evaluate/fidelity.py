@@ -41,13 +41,8 @@ import torch
 from transformers import PreTrainedModel
 
 from icl_ssm import atomic
-from icl_ssm.compress.cache import (
-    compressed_cache,
-    exact_cache,
-    lm_infinite_cache,
-    streaming_cache,
-    window_cache,
-)
+from icl_ssm.compress.baselines import lm_infinite_cache, streaming_cache
+from icl_ssm.compress.cache import compressed_cache, exact_cache, window_cache
 from icl_ssm.compress.compressor import SSMCompressor, load_compressor
 from icl_ssm.cost import CPU_ATTENTION, Cost, measure
 from icl_ssm.data.splits import split
