@@ -31,7 +31,8 @@ from transformers import DynamicCache
 
 from icl_ssm import atomic
 from icl_ssm.compress.cache import PrefixCache, exact_cache
-from icl_ssm.evaluate.fidelity import evaluate_paths, fidelity_report, report_setting
+from icl_ssm.evaluate.fidelity_report import fidelity_report, report_setting
+from icl_ssm.evaluate.paths import evaluate_paths
 from icl_ssm.evaluate.stats import spearman_ci
 from icl_ssm.lm.batch import pad_ids
 from icl_ssm.lm.hf import kv_from_cache, output_cache, with_cache

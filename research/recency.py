@@ -24,7 +24,8 @@ from rich.progress import Progress
 
 from icl_ssm import atomic
 from icl_ssm.compress.cache import exact_cache, window_cache
-from icl_ssm.evaluate.fidelity import evaluate_paths, fidelity_report, report_setting
+from icl_ssm.evaluate.fidelity_report import fidelity_report, report_setting
+from icl_ssm.evaluate.paths import evaluate_paths
 from icl_ssm.evaluate.stats import spearman, spearman_ci
 from icl_ssm.lm.models import load_model, resolve_device
 

@@ -39,7 +39,7 @@ from icl_ssm.data.tasks import get_task
 from icl_ssm.distill.config import COMPRESSOR_FIELDS, DistillConfig
 from icl_ssm.distill.train import training_states
 from icl_ssm.evaluate.answers import pad_right
-from icl_ssm.evaluate.fidelity import sample_subsets
+from icl_ssm.evaluate.paths import sample_subsets
 from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
 

@@ -42,7 +42,8 @@ from icl_ssm.data.tasks import get_task
 from icl_ssm.distill.config import DistillConfig
 from icl_ssm.distill.losses import bucket_kl, hidden_loss, label_kl, rank_loss
 from icl_ssm.distill.teacher import TeacherCache
-from icl_ssm.evaluate.fidelity import evaluate_paths, fidelity_report, report_setting
+from icl_ssm.evaluate.fidelity_report import fidelity_report, report_setting
+from icl_ssm.evaluate.paths import evaluate_paths
 from icl_ssm.evaluate.stats import spearman_ci
 from icl_ssm.lm.batch import pad_ids
 from icl_ssm.lm.hf import kv_from_cache, output_cache

@@ -29,14 +29,9 @@ from icl_ssm.evaluate.answers import (
     logit_agreement,
     pad_right,
 )
-from icl_ssm.evaluate.fidelity import (
-    DenseStore,
-    cache_paths,
-    evaluate_paths,
-    fidelity_report,
-    sample_subsets,
-    weights_digest,
-)
+from icl_ssm.evaluate.dense_store import DenseStore, weights_digest
+from icl_ssm.evaluate.fidelity_report import fidelity_report
+from icl_ssm.evaluate.paths import cache_paths, evaluate_paths, sample_subsets
 from icl_ssm.evaluate.stats import (
     bootstrap_spearman,
     interval,

@@ -3,7 +3,7 @@ methods, per task and shot count: relative answer-logit error, KL, accuracy, the
 Spearman against the dense prompt (with its interval), FLOPs per subset and the cache's size.
 
 Each (task, k) is one :func:`icl_ssm.evaluate.fidelity.run_fidelity` with the StreamingLLM and
-LM-Infinite paths (:data:`icl_ssm.evaluate.fidelity.BASELINES`) beside the compressor, its
+LM-Infinite paths (:data:`icl_ssm.evaluate.paths.BASELINES`) beside the compressor, its
 control when given, and the untrained window, all at the compressor's cache size. The cache's
 memory is its K/V bytes per prompt: slots x layers x 2 x KV heads x head size x the element
 size (float32 on the CPU).
@@ -21,7 +21,8 @@ from typing import Any
 from icl_ssm import atomic
 from icl_ssm.compress.compressor import SSMCompressorConfig, head_dim, kv_heads
 from icl_ssm.compress.pretrained import find_pretrained
-from icl_ssm.evaluate.fidelity import BASELINES, FidelityConfig, run_fidelity
+from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
+from icl_ssm.evaluate.paths import BASELINES
 
 PATHS = ("dense", "compressed", "control", "window", "streaming", "lm-infinite")
 

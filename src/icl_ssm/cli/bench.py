@@ -29,7 +29,7 @@ from icl_ssm.compress.cache import exact_cache
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
 from icl_ssm.evaluate.answers import answer_logits, answer_scores, pad_right
-from icl_ssm.evaluate.fidelity import sample_subsets
+from icl_ssm.evaluate.paths import sample_subsets
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.scoring import score_labels
 from icl_ssm.pipeline import RunConfig

@@ -8,7 +8,8 @@ import json
 
 from icl_ssm.cli.options import add_target, task_options
 from icl_ssm.evaluate.answers import LOSSES
-from icl_ssm.evaluate.fidelity import BASELINES, FidelityConfig, parse_also, run_fidelity
+from icl_ssm.evaluate.fidelity import FidelityConfig, parse_also, run_fidelity
+from icl_ssm.evaluate.paths import BASELINES
 
 
 def _main(args: argparse.Namespace) -> int:
