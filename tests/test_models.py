@@ -14,6 +14,8 @@ import torch
 from helpers import save_tiny, tiny_llama, tiny_qwen2
 from transformers import (
     BertConfig,
+    Gemma2Config,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaModel,
     MambaConfig,
@@ -150,10 +152,9 @@ def test_file_that_is_not_gguf(tmp_path):
 
 
 def test_unsupported_dir_is_refused_before_loading_weights(tmp_path):
-    path = save_tiny(tmp_path / "swa", "qwen2", use_sliding_window=True, sliding_window=8,
-                     max_window_layers=0)  # fmt: skip
+    path = save_tiny(tmp_path / "chunked", "llama", attention_chunk_size=8)
     (path / "model.safetensors").write_bytes(b"not read")  # would fail to load if read
-    with pytest.raises(UnsupportedModelError, match="sliding_attention"):
+    with pytest.raises(UnsupportedModelError, match="chunked attention"):
         load_model(path)
 
 
@@ -163,20 +164,20 @@ def test_unsupported_dir_is_refused_before_loading_weights(tmp_path):
 @pytest.mark.parametrize(
     ("config", "match"),
     [
-        (Qwen2Config(use_sliding_window=True, sliding_window=16, max_window_layers=0,
-                     num_hidden_layers=2), "sliding_attention"),  # fmt: skip
-        (MistralConfig(sliding_window=4096), r"sliding-window attention \(config.sliding_window"),
+        (LlamaConfig(attention_chunk_size=8), r"chunked attention \(config.attention_chunk_size=8\)"),
+        (Qwen2Config(layer_types=["full_attention", "linear_attention"], num_hidden_layers=2),
+         r"1 of 2 layers \(1\) have attention type \['linear_attention'\]"),
         (T5Config(), "encoder-decoder"),
         (BertConfig(), "bidirectional encoder"),
         (MambaConfig(), "linear_attention"),
         (OpenAIGPTConfig(), "no KV cache"),
     ],
-    ids=["qwen2-swa", "mistral-swa", "t5", "bert", "mamba", "gpt1"],
+    ids=["llama4-chunked", "qwen2-linear", "t5", "bert", "mamba", "gpt1"],
 )
 def test_check_supported_refuses(config, match):
     with pytest.raises(UnsupportedModelError, match=match) as err:
         validate_supported(config)
-    assert "full attention over a KV cache" in str(err.value)
+    assert "full or sliding-window attention over a KV cache" in str(err.value)
     assert repr(config.model_type) in str(err.value)
 
 
@@ -189,8 +190,14 @@ def test_check_supported_refuses(config, match):
         Qwen2Config(use_sliding_window=True, sliding_window=16, num_hidden_layers=2),
         MistralConfig(sliding_window=None),
         BertConfig(is_decoder=True),
+        # sliding-window layers, served with masks counted over real slots
+        Qwen2Config(use_sliding_window=True, sliding_window=16, max_window_layers=0, num_hidden_layers=2),
+        MistralConfig(sliding_window=4096),
+        Gemma2Config(),
+        Gemma3TextConfig(),
     ],
-    ids=["llama", "qwen2", "qwen2-window-unused", "mistral-no-window", "bert-decoder"],
+    ids=["llama", "qwen2", "qwen2-window-unused", "mistral-no-window", "bert-decoder", "qwen2-swa", "mistral-swa",
+         "gemma2", "gemma3"],
 )
 def test_check_supported_accepts(config):
     validate_supported(config)
@@ -372,13 +379,13 @@ def _no_conversion(path):
 @pytest.mark.parametrize(
     ("arch", "metadata", "match"),
     [
-        ("gemma2", {"attention.sliding_window": 8}, r"sliding-window attention \(gemma2.attention.sliding_window=8, "
-                                                    r"gemma2.context_length=512\)"),
-        ("phi3", {"attention.sliding_window": 64}, "sliding-window attention"),  # not in transformers' phi3 config
+        # transformers' phi3 GGUF config leaves the window out: served, every layer would attend past it
+        ("phi3", {"attention.sliding_window": 64}, r"sliding-window attention \(phi3.attention.sliding_window=64, "
+                                                   r"phi3.context_length=512\) but the config transformers reads"),
         ("rwkv6", {}, "transformers .* cannot load it from GGUF .*architectures it loads: llama"),
         ("mamba", {}, r"model type 'mamba' is not supported: .*linear_attention"),
     ],
-    ids=["gemma2-swa", "phi3-swa", "unknown-arch", "mamba"],
+    ids=["phi3-swa-lost", "unknown-arch", "mamba"],
 )
 def test_gguf_refused_from_metadata_before_conversion(tmp_path, monkeypatch, arch, metadata, match):
     path = write_gguf(tmp_path / f"{arch}.gguf", arch, **metadata)
@@ -389,7 +396,7 @@ def test_gguf_refused_from_metadata_before_conversion(tmp_path, monkeypatch, arc
     assert time.perf_counter() - started < 30  # metadata only: no de-quantisation
     message = str(err.value)
     assert f"GGUF file {str(path)!r} (architecture {arch!r})" in message
-    assert "full attention over a KV cache" in message
+    assert "attention over a KV cache" in message
     assert not (tmp_path / "cache" / "models").exists()  # nothing converted, no lock taken
     with pytest.raises(UnsupportedModelError):
         convert_gguf(path, tmp_path / "target", loader=_no_conversion)
@@ -397,13 +404,16 @@ def test_gguf_refused_from_metadata_before_conversion(tmp_path, monkeypatch, arc
 
 @pytest.mark.parametrize(
     ("arch", "metadata"),
-    [("llama", {}), ("qwen2", {}), ("llama", {"attention.sliding_window": 512})],
-    ids=["llama", "qwen2", "window-covers-context"],
+    [("llama", {}), ("qwen2", {}), ("llama", {"attention.sliding_window": 512}),
+     ("gemma2", {"attention.sliding_window": 8}), ("gemma3", {"attention.sliding_window": 8})],
+    ids=["llama", "qwen2", "window-covers-context", "gemma2-swa", "gemma3-swa"],
 )
 def test_check_gguf_accepts_served_architectures(tmp_path, arch, metadata):
     config = validate_gguf(write_gguf(tmp_path / "ok.gguf", arch, **metadata))
-    assert config.model_type == arch
+    assert config.model_type in (arch, f"{arch}_text")
     assert (config.num_hidden_layers, config.hidden_size, config.max_position_embeddings) == (2, 32, 512)
+    if "attention.sliding_window" in metadata and arch != "llama":
+        assert config.sliding_window == metadata["attention.sliding_window"]  # the window carried into the config
 
 
 def test_gguf_metadata_reads_scalars_not_arrays(fake_gguf):

@@ -38,7 +38,11 @@ from icl_ssm.lm.hf import (
     hidden_after_layers,
     kv_from_cache,
     output_cache,
-    prefix_attention_mask,
+    prefix_mask_for,
+    real_positions,
+    sliding_window,
+    slot_positions,
+    windowed_mask,
     with_cache,
 )
 
@@ -49,7 +53,9 @@ class PrefixCache:
     ``next_position: (B,)`` long, the position id of the first token after the prefix;
     ``prompt_length: (B,)`` long, real tokens in the prompt the prefix stands for;
     ``bias: (B, L)`` float or None, added to the attention logits of every slot (a gated
-    compressor's virtual tokens; 0 for real tokens)."""
+    compressor's virtual tokens; 0 for real tokens); ``positions: (B, L)`` long or None, where
+    each slot stands in the prompt (None: the real slots are the prompt's tokens in order), by
+    which sliding-window layers decide what they see (:func:`icl_ssm.lm.hf.prefix_mask_for`)."""
 
     keys: tuple[Tensor, ...]
     values: tuple[Tensor, ...]
@@ -57,6 +63,7 @@ class PrefixCache:
     next_position: Tensor
     prompt_length: Tensor
     bias: Tensor | None = None
+    positions: Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -76,6 +83,7 @@ class PrefixCache:
             next_position=self.next_position.index_select(0, index),
             prompt_length=self.prompt_length.index_select(0, index),
             bias=None if self.bias is None else self.bias.index_select(0, index),
+            positions=None if self.positions is None else self.positions.index_select(0, index),
         )
 
     def repeat_interleave(self, n: int) -> PrefixCache:
@@ -96,9 +104,13 @@ class PrefixCache:
             raise ValueError(f"the cache holds {keys[0].shape[2]} slots; expected this prefix's {self.length} "
                              f"+ {mask.shape[1]} new ones")
         bias = None if self.bias is None else torch.cat([self.bias, self.bias.new_zeros(mask.shape)], dim=1)
+        positions = None
+        if self.positions is not None:
+            _, start = slot_positions(self.mask, self.positions)
+            positions = torch.cat([self.positions, real_positions(mask, start)], dim=1)
         return PrefixCache(keys=keys, values=values, mask=torch.cat([self.mask, mask], dim=1),
                            next_position=self.next_position + mask.sum(1), prompt_length=self.prompt_length,
-                           bias=bias)
+                           bias=bias, positions=positions)
 
     def to_dynamic(self) -> DynamicCache:
         """A fresh ``DynamicCache`` holding these keys and values."""
@@ -238,8 +250,13 @@ def compressed_cache(
     taken = c.num_sink if c.gate else summary
     start = torch.full_like(lengths, taken) if c.position == "compressed" else lengths - c.num_recent
     bias = compressor.slot_bias(B).to(dtype) if c.gate else None  # (B, summary)
+    # where the slots stand in the prompt (what sliding-window layers see): the sinks where they
+    # were, the virtual tokens at the end of the span they summarise, the recent tokens after it
+    summarised_end = (lengths - c.num_recent - 1)[:, None]  # (B, 1)
+    slot_at = torch.cat([torch.arange(c.num_sink, device=lengths.device)[None].expand(B, -1),
+                         summarised_end.expand(B, c.num_virtual)], dim=1)  # (B, summary)
     prefix = PrefixCache(tuple(keys), tuple(values), slot_mask, next_position=start, prompt_length=lengths,
-                         bias=bias)
+                         bias=bias, positions=slot_at)
     if not c.num_recent:
         return prefix
     # hybrid: re-encode the last num_recent real tokens on top of sinks + virtual tokens
@@ -250,8 +267,9 @@ def compressed_cache(
     full_mask = torch.ones(B, c.cache_length, dtype=torch.bool, device=input_ids.device)
     if bias is not None:
         bias = torch.cat([bias, bias.new_zeros(B, c.num_recent)], dim=1)
+    recent_at = (lengths - c.num_recent)[:, None] + torch.arange(c.num_recent, device=lengths.device)[None]
     return PrefixCache(keys, values, full_mask, next_position=start + c.num_recent, prompt_length=lengths,
-                       bias=bias)
+                       bias=bias, positions=torch.cat([slot_at, recent_at], dim=1))
 
 
 def compress_demonstrations(model: PreTrainedModel, compressor: SSMCompressor, builder, demos) -> PrefixCache:
@@ -316,7 +334,8 @@ def query_inputs(model: PreTrainedModel, prefix: PrefixCache, input_ids: Tensor,
     qmask = (torch.ones(input_ids.shape[:2], dtype=torch.bool, device=input_ids.device) if attention_mask is None
              else attention_mask.bool())
     position_ids = prefix.next_position[:, None] + (qmask.long().cumsum(1) - 1).clamp(min=0)
-    full_mask = prefix_attention_mask(prefix.mask, qmask, prefix.bias, dtype=prefix.keys[0].dtype)
+    full_mask = prefix_mask_for(model, prefix.mask, qmask, prefix.bias, dtype=prefix.keys[0].dtype,
+                                positions=prefix.positions)
     return {**tokens_arg(model, input_ids), "attention_mask": full_mask, "position_ids": position_ids,
             **with_cache(model, prefix.to_dynamic())}
 
@@ -391,6 +410,10 @@ def forward_packed(
     sees = (segment[:, :, None] == segment[:, None, :]) & causal[None] & (segment[:, None, :] >= 0)  # (B, S, S)
     own = torch.zeros(sees.shape, dtype=dtype).masked_fill(~sees, low).to(device)
     attention = torch.cat([seen[:, None].expand(B, width, -1), own], dim=2)[:, None]  # (B, 1, S, L + S)
+    if sliding_window(model.config) is not None:  # a segment's tokens stand after the prefix, each from its start
+        before, start = slot_positions(sub.mask, sub.positions)
+        at = start[:, None] + offset.to(device)  # (B, S)
+        attention = windowed_mask(model, attention, at, torch.cat([before, at], dim=1))
     positions = sub.next_position[:, None] + offset.to(device)
     keep = keep.to(device)
     extra = {"logits_to_keep": keep} if accepts_logits_to_keep(model) else {}

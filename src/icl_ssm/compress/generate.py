@@ -1,5 +1,7 @@
 """Generation after a prefix cache: ``model.generate`` from a :class:`~icl_ssm.compress.cache.PrefixCache`,
-and greedy decoding for a gated prefix, whose 4D attention mask ``generate`` cannot extend."""
+and greedy decoding where ``generate`` cannot extend the mask: a gated prefix (a 4D attention
+mask) or a model with sliding-window layers (whose window ``generate`` would count in cache
+slots, padding included)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from icl_ssm.compress.cache import PrefixCache, query_inputs
+from icl_ssm.lm.hf import sliding_window
 from icl_ssm.lm.scoring import greedy_generate
 
 
@@ -25,13 +28,13 @@ def generate_with_prefix(
     convention.
 
     A gated prefix (``bias``) needs a 4D attention mask that ``model.generate`` cannot extend
-    step by step: it is decoded greedily by :func:`icl_ssm.lm.scoring.greedy_generate` (which
-    rebuilds the mask each step), and the output is padded like ``generate``'s (with
-    ``pad_token_id``) after an end-of-sequence token; sampling and other generation options
-    are refused for it.
+    step by step, and a sliding-window model a window counted over real slots: both are decoded
+    greedily by :func:`icl_ssm.lm.scoring.greedy_generate` (which rebuilds the mask each step),
+    and the output is padded like ``generate``'s (with ``pad_token_id``) after an
+    end-of-sequence token; sampling and other generation options are refused for them.
     """
-    if prefix.bias is not None:
-        return _greedy_from_gated(model, prefix, input_ids, attention_mask, **generate_kwargs)
+    if prefix.bias is not None or sliding_window(model.config) is not None:
+        return _greedy_after_prefix(model, prefix, input_ids, attention_mask, **generate_kwargs)
     inputs = query_inputs(model, prefix, input_ids, attention_mask)
     B, L = prefix.batch_size, prefix.length
     placeholder = torch.zeros(B, L, dtype=input_ids.dtype, device=input_ids.device)
@@ -50,12 +53,13 @@ def generate_with_prefix(
 GATED_GENERATE_OPTIONS = ("max_new_tokens", "do_sample", "eos_token_id", "pad_token_id")
 
 
-def _greedy_from_gated(model: PreTrainedModel, prefix: PrefixCache, input_ids: Tensor,
+def _greedy_after_prefix(model: PreTrainedModel, prefix: PrefixCache, input_ids: Tensor,
                        attention_mask: Tensor | None, **generate_kwargs) -> Tensor:
     unsupported = sorted(set(generate_kwargs) - set(GATED_GENERATE_OPTIONS))
     if generate_kwargs.get("do_sample") or unsupported:
         raise ValueError(
-            f"generate_with_prefix: a gated prefix (compressor with gate=True) is decoded greedily; got "
+            f"generate_with_prefix: a gated prefix (compressor with gate=True) or a sliding-window model is decoded "
+            f"greedily; got "
             f"{'do_sample=True' if generate_kwargs.get('do_sample') else ', '.join(unsupported)}. Accepted: "
             f"{', '.join(GATED_GENERATE_OPTIONS)} (do_sample=False)"
         )

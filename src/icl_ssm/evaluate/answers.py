@@ -15,7 +15,7 @@ from icl_ssm.compress.cache import PrefixCache, forward_packed, forward_with_pre
 from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
 from icl_ssm.lm.batch import PromptLike, as_ids, pad_ids
-from icl_ssm.lm.hf import accepts_logits_to_keep, output_cache, with_cache
+from icl_ssm.lm.hf import accepts_logits_to_keep, output_cache, slot_positions, windowed_mask, with_cache
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.scoring import answer_loss, generate_answers
 
@@ -222,6 +222,9 @@ def answer_scores(
         q = len(order)
         attention = torch.cat([seen[:, None].expand(n, q, -1), tree[None].expand(n, q, q)], dim=2)[:, None]
         depth = torch.tensor([len(key) - 1 for key in order], device=device)
+        before, start = slot_positions(extended.mask, extended.positions)
+        node_positions = start[:, None] + depth[None]  # (n, q): where each node's token stands in the prompt
+        attention = windowed_mask(model, attention, node_positions, torch.cat([before, node_positions], dim=1))
         with torch.no_grad():
             branch = model(input_ids=torch.tensor([key[-1] for key in order], device=device)[None].expand(n, q),
                            attention_mask=attention, position_ids=extended.next_position[:, None] + depth[None],

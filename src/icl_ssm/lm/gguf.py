@@ -23,6 +23,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from icl_ssm.lm.hf import sliding_window
 from icl_ssm.lm.support import SERVED, UnsupportedModelError, validate_supported
 
 # written last into a converted directory; its absence means "not a finished conversion"
@@ -70,10 +71,10 @@ def validate_gguf(path: str | os.PathLike[str]) -> PretrainedConfig:
 
     Reads no tensor, so it takes seconds where a conversion (:func:`convert_gguf`) takes
     minutes. Refused, as :class:`UnsupportedModelError` naming the file and its
-    ``general.architecture``: a sliding window (``<arch>.attention.sliding_window`` below
-    ``<arch>.context_length``), an architecture transformers cannot load from GGUF, and
-    whatever :func:`validate_supported` refuses in the config transformers reads from the file.
-    Returns that config.
+    ``general.architecture``: an architecture transformers cannot load from GGUF, a sliding
+    window (``<arch>.attention.sliding_window`` below ``<arch>.context_length``) that the config
+    transformers reads from the file leaves out (the model would attend past its window), and
+    whatever :func:`validate_supported` refuses in that config. Returns that config.
     """
     path = Path(path)
     metadata = gguf_metadata(path)
@@ -82,13 +83,6 @@ def validate_gguf(path: str | os.PathLike[str]) -> PretrainedConfig:
         raise ValueError(f"{path}: the GGUF metadata has no general.architecture; expected a model file "
                          "written by llama.cpp or gguf-py")
     where = f"GGUF file {str(path)!r} (architecture {arch!r})"
-    window = metadata.get(f"{arch}.attention.sliding_window")
-    context = metadata.get(f"{arch}.context_length")
-    if window and (context is None or window < context):
-        raise UnsupportedModelError(
-            f"{where} is not supported: it uses sliding-window attention ({arch}.attention.sliding_window={window}, "
-            f"{arch}.context_length={context}). {SERVED}"
-        )
     try:
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     except ValueError as err:
@@ -98,6 +92,14 @@ def validate_gguf(path: str | os.PathLike[str]) -> PretrainedConfig:
             f"{where} is not supported: transformers {transformers.__version__} cannot load it from GGUF ({err}); "
             f"architectures it loads: {', '.join(_gguf_architectures()) or 'unknown'}. {SERVED}"
         ) from None
+    window = metadata.get(f"{arch}.attention.sliding_window")
+    context = metadata.get(f"{arch}.context_length")
+    if window and (context is None or window < context) and sliding_window(config) is None:
+        raise UnsupportedModelError(
+            f"{where} is not supported: it uses sliding-window attention ({arch}.attention.sliding_window={window}, "
+            f"{arch}.context_length={context}) but the config transformers reads from it has no window, so every "
+            f"layer would attend past it. {SERVED}"
+        )
     try:
         validate_supported(config)
     except UnsupportedModelError as err:

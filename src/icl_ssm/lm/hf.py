@@ -124,3 +124,94 @@ def kv_from_cache(cache: DynamicCache) -> tuple[tuple[Tensor, ...], tuple[Tensor
 def logits_to_keep_kwargs(model: PreTrainedModel, keep: int | Tensor) -> dict:
     """``logits_to_keep`` where the model accepts it, so no (B, L, vocab) logits are built."""
     return {"logits_to_keep": keep} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
+# ------------------------------------------------------------------ sliding-window layers
+# A sliding layer lets a token see the tokens less than ``window`` positions back (transformers'
+# ``kv_idx > q_idx - window``). transformers measures that distance in cache slots, which is
+# right for a dense prompt and wrong after a right-padded or compressed prefix, and a 4D mask
+# passed in is used as-is, with no window at all. So every forward after a prefix builds its
+# masks here, the window measured in positions of the prompt the prefix stands for: a padded
+# slot counts for nothing, a compressed cache's slots stand where their tokens stood (its
+# virtual tokens at the end of the span they summarise).
+
+
+def sliding_window(config: Any) -> int | None:
+    """The window of the model's sliding-window layers, None when it has none."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(text, "sliding_window", None)
+    if not window or getattr(text, "use_sliding_window", True) is False:
+        return None
+    types = getattr(text, "layer_types", None)
+    if types is not None and not any("sliding" in t for t in types):
+        return None
+    return int(window)
+
+
+def mixed_layer_types(config: Any) -> list[str] | None:
+    """``config.layer_types`` when the model mixes sliding and full layers and so takes one mask
+    per layer type; None when every layer is of one kind (one 4D mask serves them all)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    types = getattr(text, "layer_types", None)
+    return list(types) if types and len(set(types)) > 1 else None
+
+
+def real_positions(mask: Tensor, start: Tensor | int = 0) -> Tensor:
+    """``(B, L)`` long: each slot's index among the real slots of its row, plus ``start`` ``(B,)``
+    (padded slots get their left neighbour's index; they are masked anyway)."""
+    start = torch.as_tensor(start, device=mask.device).reshape(-1, 1)
+    return start + (mask.long().cumsum(1) - 1).clamp(min=0)
+
+
+def windowed_mask(model: PreTrainedModel, mask: Tensor, q_positions: Tensor, kv_positions: Tensor):
+    """The ``attention_mask`` argument for ``model`` from a 4D additive ``mask: (B, 1, q, K)``:
+    ``mask`` itself for a model without sliding layers; for one whose layers all slide, ``mask``
+    with every slot at least ``window`` real positions behind the query masked; for a model that
+    mixes them, ``{layer_type: mask}``. ``q_positions: (B, q)`` and ``kv_positions: (B, K)`` count
+    real slots (:func:`real_positions`)."""
+    window = sliding_window(model.config)
+    if window is None:
+        return mask
+    far = (q_positions[:, :, None] - kv_positions[:, None, :]) >= window  # (B, q, K)
+    sliding = mask.masked_fill(far[:, None], torch.finfo(mask.dtype).min)
+    types = mixed_layer_types(model.config)
+    if types is None:
+        return sliding
+    return {t: (sliding if "sliding" in t else mask) for t in set(types)}
+
+
+def slot_positions(prefix_mask: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``(positions (B, L), next (B,))``: where each prefix slot stands in the prompt it stands
+    for, and the position of the first token after it. ``positions`` None: the slots are the
+    prompt's real tokens in order (:func:`real_positions`)."""
+    if positions is None:
+        return real_positions(prefix_mask), prefix_mask.long().sum(1)
+    positions = positions.to(prefix_mask.device).long()
+    last = positions.masked_fill(~prefix_mask.bool(), -1).amax(1) if positions.shape[1] else positions.new_full(
+        positions.shape[:1], -1)
+    return positions, last + 1
+
+
+def prefix_mask_for(
+    model: PreTrainedModel,
+    prefix_mask: Tensor,
+    seen_mask: Tensor,
+    bias: Tensor | None = None,
+    num_new: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    positions: Tensor | None = None,
+):
+    """:func:`prefix_attention_mask` for ``model``: the same mask for a model without sliding
+    layers; for one with them, the 4D mask (or one per layer type) whose sliding layers see only
+    what lies less than ``window`` positions back (:func:`windowed_mask`), positions taken from
+    ``positions: (B, L)`` of the prefix slots (:func:`slot_positions`; None: the real slots in
+    order) and counted on over the real tokens after it."""
+    if sliding_window(model.config) is None:
+        return prefix_attention_mask(prefix_mask, seen_mask, bias, num_new, dtype)
+    if bias is None:
+        bias = torch.zeros(prefix_mask.shape, dtype=dtype, device=prefix_mask.device)
+    mask = prefix_attention_mask(prefix_mask, seen_mask, bias, num_new, dtype)  # (B, 1, q, L + S)
+    q = seen_mask.shape[1] if num_new is None else num_new
+    before, start = slot_positions(prefix_mask.bool(), positions)
+    kv_positions = torch.cat([before, real_positions(seen_mask, start)], dim=1)  # (B, L + S)
+    return windowed_mask(model, mask, kv_positions[:, -q:], kv_positions)

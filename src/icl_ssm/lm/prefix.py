@@ -72,9 +72,10 @@ def _prefix_batch_size(prefix: Any) -> int:
 
 def prefix_inputs(
     prefix: Any, rows: Sequence[int], position_offset: int | None, device: torch.device
-) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(fresh cache or None, prefix attention mask (B, L) long, next position (B,) long,
-    additive attention bias of the prefix slots (B, L) or None).
+    additive attention bias of the prefix slots (B, L) or None, where each slot stands in the
+    prompt (B, L) long or None for the real slots in order).
 
     With a plain transformers Cache this is the module's only contact with the Cache API:
     ``copy.deepcopy``, ``get_seq_length`` and ``batch_repeat_interleave``.
@@ -82,7 +83,7 @@ def prefix_inputs(
     n = len(rows)
     if prefix is None:
         start = torch.full((n,), position_offset or 0, dtype=torch.long, device=device)
-        return None, torch.zeros(n, 0, dtype=torch.long, device=device), start, None
+        return None, torch.zeros(n, 0, dtype=torch.long, device=device), start, None, None
     if _is_prefix_like(prefix):
         if position_offset is not None:
             raise ValueError(
@@ -90,13 +91,13 @@ def prefix_inputs(
                 "positions itself (next_position)"
             )
         sub = prefix.select(torch.tensor(list(rows), dtype=torch.long))
-        bias = getattr(sub, "bias", None)
+        bias, positions = getattr(sub, "bias", None), getattr(sub, "positions", None)
         return (sub.to_dynamic(), sub.mask.long().to(device), sub.next_position.long().to(device),
-                None if bias is None else bias.to(device))
+                None if bias is None else bias.to(device), None if positions is None else positions.to(device))
     cache = copy.deepcopy(prefix)  # forward passes append to a cache in place
     length = int(cache.get_seq_length())
     if n > 1:
         cache.batch_repeat_interleave(n)
     start = length if position_offset is None else position_offset
     mask = torch.ones(n, length, dtype=torch.long, device=device)
-    return cache, mask, torch.full((n,), start, dtype=torch.long, device=device), None
+    return cache, mask, torch.full((n,), start, dtype=torch.long, device=device), None, None

@@ -20,7 +20,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from icl_ssm.lm.batch import PADDING_SIDES, PromptLike, as_ids, pad_batch
-from icl_ssm.lm.hf import accepts_logits_to_keep, output_cache, prefix_attention_mask, with_cache
+from icl_ssm.lm.hf import accepts_logits_to_keep, output_cache, prefix_mask_for, with_cache
 from icl_ssm.lm.prefix import PrefixLike, prefix_inputs, prefix_row_map
 from icl_ssm.lm.prompts import SEPARATOR, ExampleLike, PromptBuilder
 
@@ -131,12 +131,12 @@ def continuation_logprobs_ref(
     out = torch.empty(len(requests), dtype=torch.float32, device=device)
     for i, (ctx, cont) in enumerate(requests):
         ids = torch.tensor([ctx + cont], device=device)  # (1, seq)
-        cache, prefix_mask, next_position, bias = prefix_inputs(
+        cache, prefix_mask, next_position, bias, slots = prefix_inputs(
             prefix, [rows_of[i]], position_offset, device
-        )  # _, (1, L), (1,), None or (1, L)
+        )  # _, (1, L), (1,), None or (1, L), None or (1, L)
         positions = next_position[:, None] + torch.arange(ids.shape[1], device=device)  # (1, seq)
         _check_positions(model, int(positions.max()) + 1)
-        mask = prefix_attention_mask(prefix_mask, torch.ones_like(ids), bias, dtype=model.dtype)
+        mask = prefix_mask_for(model, prefix_mask, torch.ones_like(ids), bias, dtype=model.dtype, positions=slots)
         with torch.no_grad():
             logits = model(
                 input_ids=ids,
@@ -256,7 +256,7 @@ def greedy_generate(
     for start in range(0, len(ids_list), batch_size):
         seqs = ids_list[start : start + batch_size]
         step_ids, mask, positions, _ = pad_batch(seqs, "left", model)  # (batch, seq) each
-        cache, prefix_mask, next_position, bias = prefix_inputs(
+        cache, prefix_mask, next_position, bias, slots = prefix_inputs(
             prefix, rows_of[start : start + len(seqs)], position_offset, device
         )
         positions = positions + next_position[:, None]
@@ -268,7 +268,8 @@ def greedy_generate(
             with torch.no_grad():
                 out = model(
                     input_ids=step_ids,
-                    attention_mask=prefix_attention_mask(prefix_mask, seen, bias, step_ids.shape[1], model.dtype),
+                    attention_mask=prefix_mask_for(model, prefix_mask, seen, bias, step_ids.shape[1], model.dtype,
+                                                   positions=slots),
                     position_ids=positions,  # (batch, step)
                     use_cache=True,
                     **with_cache(model, cache),
@@ -375,19 +376,21 @@ def _forward_logprobs(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
-    prefix_inputs: tuple[Any, torch.Tensor, torch.Tensor],
+    prefix_inputs: tuple[Any, torch.Tensor, torch.Tensor, Any, Any],
     keep: list[int],
 ) -> torch.Tensor:
     """Log-softmax of the logits at positions ``keep``: (batch, len(keep), vocab) float32.
 
     ``input_ids``, ``attention_mask``, ``position_ids``: (batch, seq), positions counted from
-    0; ``prefix_inputs``: (cache or None, prefix mask (batch, L), next position (batch,), bias).
+    0; ``prefix_inputs``: (cache or None, prefix mask (batch, L), next position (batch,), bias,
+    slot positions).
     """
-    cache, prefix_mask, next_position, bias = prefix_inputs
+    cache, prefix_mask, next_position, bias, slots = prefix_inputs
     positions = position_ids + next_position[:, None]  # (batch, seq)
     _check_positions(model, int(positions.max()) + 1)
     kwargs: dict[str, Any] = {
-        "attention_mask": prefix_attention_mask(prefix_mask, attention_mask, bias, dtype=model.dtype),
+        "attention_mask": prefix_mask_for(model, prefix_mask, attention_mask, bias, dtype=model.dtype,
+                                          positions=slots),
         "position_ids": positions,
         "use_cache": cache is not None,
         **with_cache(model, cache),

@@ -1,9 +1,10 @@
 """Whether the KV compressor can serve a model, read from its config (or the model itself).
 
 The KV compressor replaces the keys and values of a prompt prefix by a few virtual tokens, so
-it needs a decoder-only model whose every layer attends to the whole prefix through a KV cache.
-:func:`validate_supported` refuses the rest (sliding-window or linear-attention layers,
-encoder-decoder models, stateful/recurrent models, encoders, models without an LM head).
+it needs a decoder-only model whose layers attend to the prefix through a KV cache: full
+attention, or a sliding window (whose masks :mod:`icl_ssm.lm.hf` builds over real slots).
+:func:`validate_supported` refuses the rest (chunked or linear-attention layers, encoder-decoder
+models, stateful/recurrent models, encoders, models without an LM head).
 """
 
 from __future__ import annotations
@@ -17,17 +18,19 @@ class UnsupportedModelError(ValueError):
 
 
 # the end of every refusal: what the compressor can serve
-SERVED = ("The KV compressor needs a decoder-only causal LM whose every layer is full attention over a KV "
-          "cache (e.g. Llama, Qwen2, SmolLM2).")
+SERVED = ("The KV compressor needs a decoder-only causal LM whose every layer is full or sliding-window "
+          "attention over a KV cache (e.g. Llama, Qwen2/3, Mistral, Gemma 2/3, SmolLM2).")
+SERVED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def validate_supported(model_or_config: PreTrainedModel | PretrainedConfig) -> None:
     """Raise :class:`UnsupportedModelError` unless the KV compressor can serve this model.
 
-    Accepted: decoder-only causal LMs whose every layer is full (global) attention over a KV
-    cache. Refused, each with the reason: encoder-decoder models, encoders (BERT-like without
-    ``is_decoder``), sliding-window / chunked / linear-attention layers, stateful (recurrent)
-    models, and models without a language-model head.
+    Accepted: decoder-only causal LMs whose every layer is full (global) or sliding-window
+    attention over a KV cache. Refused, each with the reason: encoder-decoder models, encoders
+    (BERT-like without ``is_decoder``), chunked / linear-attention layers (any layer type
+    outside :data:`SERVED_LAYER_TYPES`), stateful (recurrent) models, and models without a
+    language-model head.
     """
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
@@ -57,21 +60,17 @@ def validate_supported(model_or_config: PreTrainedModel | PretrainedConfig) -> N
     text = config.get_text_config()
     layer_types = getattr(text, "layer_types", None)
     if layer_types is not None:
-        other = sorted({t for t in layer_types if t != "full_attention"})
+        other = sorted({t for t in layer_types if t not in SERVED_LAYER_TYPES})
         if other:
-            positions = [i for i, t in enumerate(layer_types) if t != "full_attention"]
+            positions = [i for i, t in enumerate(layer_types) if t not in SERVED_LAYER_TYPES]
             shown = ", ".join(map(str, positions[:8])) + (", ..." if len(positions) > 8 else "")
             raise refuse(
                 f"{len(positions)} of {len(layer_types)} layers ({shown}) have attention type "
                 f"{other} (config.layer_types); "
-                "only 'full_attention' layers are supported"
+                f"served: {', '.join(repr(t) for t in SERVED_LAYER_TYPES)}"
             )
-    else:
-        window = getattr(text, "sliding_window", None)
-        used = getattr(text, "use_sliding_window", True) is not False
-        max_pos = getattr(text, "max_position_embeddings", None)
-        if window is not None and used and (max_pos is None or window < max_pos):
-            raise refuse(f"it uses sliding-window attention (config.sliding_window={window})")
+        if "sliding_attention" in layer_types and not getattr(text, "sliding_window", None):
+            raise refuse("config.layer_types has sliding layers but config.sliding_window is not set")
     for attr in ("attention_chunk_size", "chunk_size_feed_forward_attention"):
         if getattr(text, attr, None):
             raise refuse(f"it uses chunked attention (config.{attr}={getattr(text, attr)})")

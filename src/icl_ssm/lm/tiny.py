@@ -8,11 +8,18 @@ from typing import Any
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma3TextConfig,
+    GraniteConfig,
     LlamaConfig,
+    MistralConfig,
+    Olmo2Config,
+    Phi3Config,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    Qwen3Config,
 )
 
 TINY_CORPUS = (
@@ -66,7 +73,77 @@ TINY_CONFIGS: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
             max_position_embeddings=512,
         ),
     ),
+    # the architecture matrix: each shape's own twist, at the same tiny size
+    "qwen3": (  # q/k norms
+        Qwen3Config,
+        dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            max_position_embeddings=512,
+        ),
+    ),
+    "mistral": (  # every layer slides (a window shorter than the tests' prompts)
+        MistralConfig,
+        dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+            max_position_embeddings=512, sliding_window=12,
+        ),
+    ),
+    "phi3": (  # fused qkv and gate/up projections
+        Phi3Config,
+        dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=512, original_max_position_embeddings=512,
+        ),
+    ),
+    "gemma2": (  # sliding and full layers alternating, logit soft-capping
+        Gemma2Config,
+        dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            max_position_embeddings=512, sliding_window=12, query_pre_attn_scalar=16,
+        ),
+    ),
+    "gemma3": (  # five sliding layers to one full, a local rope base of its own
+        Gemma3TextConfig,
+        dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            max_position_embeddings=512, sliding_window=12, query_pre_attn_scalar=16,
+        ),
+    ),
+    "olmo2": (  # norms after attention and MLP, q/k norms over the heads
+        Olmo2Config,
+        dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=512,
+        ),
+    ),
+    "granite": (  # embedding, residual, attention and logit multipliers
+        GraniteConfig,
+        dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=512, embedding_multiplier=2.0, residual_multiplier=0.5,
+            attention_multiplier=0.25, logits_scaling=4.0,
+        ),
+    ),
+    "llama3-rope": (  # Llama 3.1's frequency-scaled rotary embedding
+        LlamaConfig,
+        dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+            rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                              original_max_position_embeddings=64),
+        ),
+    ),
 }  # fmt: skip
+
+# the architectures whose layers (some or all) attend through a sliding window
+SLIDING_TINY = ("mistral", "gemma2", "gemma3")
 
 
 def tiny_tokenizer(*, vocab_size: int = 400, add_bos: bool = True) -> PreTrainedTokenizerFast:
