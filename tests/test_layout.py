@@ -21,6 +21,7 @@ LAYERS = (
     ("icl_ssm.distill",),
     ("icl_ssm.evaluate",),
     ("icl_ssm.select",),
+    ("icl_ssm.apply",),  # a selection answered with and exported
     ("icl_ssm.report", "icl_ssm.bench", "icl_ssm.synthetic"),
     ("icl_ssm.pipeline",),
     ("icl_ssm.bench.trust",),  # runs the whole pipeline many times

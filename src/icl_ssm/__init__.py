@@ -3,13 +3,16 @@
 The subpackages follow the data flow, each importing only from those before it:
 ``data`` (tasks, splits) -> ``lm`` (models, prompts, scoring) -> ``ssm`` (HiPPO, scans) ->
 ``compress`` (compressor, caches) -> ``distill`` (Algorithm 1) -> ``evaluate`` (fidelity) ->
-``select`` (Algorithm 2 and the baselines) -> ``pipeline`` / ``report``; the command line
-(``cli``) sits on top and no library module imports it.
+``select`` (Algorithm 2 and the baselines) -> ``apply`` (answering inputs with a selection,
+exporting it) -> ``pipeline`` / ``report``; the command line (``cli``) sits on top and no
+library module imports it.
 
 This module exports the user API, the entry point of every stage and the extension points
 (:class:`Selector` with :func:`register_selector`, :class:`Task` with :func:`register_task`).
 """
 
+from icl_ssm.apply.answer import Answer, answer_inputs
+from icl_ssm.apply.export import export_selection
 from icl_ssm.compress.cache import (
     PrefixCache,
     compress_demonstrations,
@@ -38,6 +41,7 @@ from icl_ssm.select.base import register as register_selector
 from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.evaluators import CacheEvaluator, SubsetEvaluator
 from icl_ssm.select.run import SelectConfig, select_demonstrations
+from icl_ssm.select.selected import SelectedPrompt
 from icl_ssm.ssm.layer import HiPPOSSM
 
 __version__ = "0.1.0"
@@ -57,5 +61,7 @@ __all__ = [
     # the stages' entry points
     "DistillConfig", "train_compressor", "FidelityConfig", "run_fidelity", "SelectConfig",
     "select_demonstrations", "RunConfig", "run_pipeline",
+    # a selection saved, loaded, answered with and exported
+    "SelectedPrompt", "answer_inputs", "Answer", "export_selection",
     "__version__",
 ]

@@ -14,7 +14,8 @@ that produced it, so a rerun skips what is already done and an interrupted run c
    evaluated on the test split. The search runs last and screens the other methods' picks too;
 4. ``check`` - every pick, zero-shot and random prompts on held-out examples, and the prompt to
    hand over (:mod:`icl_ssm.select.check`);
-5. ``report`` - ``report.md``, ``report.json``, plots, ``selected.jsonl`` and ``prompt.txt``.
+5. ``report`` - ``report.md``, ``report.json``, plots, ``selected.jsonl``, ``prompt.txt`` and
+   ``selection.json`` (the prompt handed over, as ``icl-ssm answer`` loads it).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from icl_ssm.select.check import ZERO_SHOT, check_prompts, hand_over
 from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.evaluators import RELIABILITY_TARGET
 from icl_ssm.select.run import EVALUATED, SelectConfig, select_demonstrations, selected_rows
+from icl_ssm.select.selected import compressor_fidelity, from_pool, pool_spec
 
 DEFAULT_METHODS = ("search", "affinity", "random", "bm25", "topk")
 SEARCH_SCREENS = ("auto", "compressed", "dense", "none")  # auto: compressed unless the fidelity verdict is dense
@@ -448,7 +450,13 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict | None, 
     scores = pick.get("scores") if handed["indices"] == pick["indices"] else None
     scores = scores or [None] * len(pool)
     atomic.write_jsonl(out / "selected.jsonl", selected_rows(pool, handed["indices"], scores))
-    builder = PromptBuilder.for_model(model, tokenizer, get_task(cfg.task, **cfg.task_options))
+    task = get_task(cfg.task, **cfg.task_options)
+    made = pool_spec(pool, size=cfg.pool_size, seed=cfg.seed, k=cfg.k,
+                     min_validation=held_out_start(cfg) + cfg.check_size)
+    from_pool(pool, handed["indices"], model=cfg.model, task=task, method=handed["name"],
+              task_options=cfg.task_options, pool_made=made, compressor=comp["compressor"],
+              fidelity=compressor_fidelity(comp["compressor"], verdict)).save(out)  # what icl-ssm answer loads
+    builder = PromptBuilder.for_model(model, tokenizer, task)
     atomic.write_text(out / "prompt.txt", builder.build_prefix([pool[i] for i in handed["indices"]]).text)
     dense = selections.get("affinity-dense")
     titles = {"affinity-dense": "affinity (dense)", "affinity-equal-cost": "affinity (dense's time)",

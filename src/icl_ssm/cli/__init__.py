@@ -21,6 +21,8 @@ SUBCOMMANDS = {
     "distill": "icl_ssm.cli.distill",
     "select": "icl_ssm.cli.select",
     "run": "icl_ssm.cli.run",
+    "answer": "icl_ssm.cli.answer",
+    "export": "icl_ssm.cli.export",
     "bench": "icl_ssm.cli.bench",
     "synthetic": "icl_ssm.cli.synthetic",
 }

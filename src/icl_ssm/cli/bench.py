@@ -304,6 +304,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=int, default=RunConfig.k)
     p.add_argument("--out", default="runs/search", help="runs.jsonl (a line per finished run), search.json, search.md")
     p.set_defaults(func=_run_search)
+    from icl_ssm.bench.answer import add_parser as add_answer
+
+    add_answer(kinds)
     from icl_ssm.cli.bench_select import add_kinds
 
     add_kinds(kinds)

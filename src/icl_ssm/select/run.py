@@ -47,6 +47,7 @@ from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.evaluators import RELIABILITY_TARGET, CacheEvaluator
 from icl_ssm.select.per_query import PER_QUERY_METHODS, per_query_selection
 from icl_ssm.select.search import SCREENS, PromptSearch
+from icl_ssm.select.selected import SelectedPrompt, compressor_fidelity, from_pool, pool_spec
 
 EVALUATORS = ("compressed", "dense", "dense-per-query")
 EVALUATED = ("affinity", "bridge")  # the methods that score subsets with an evaluator (--evaluator)
@@ -371,12 +372,26 @@ def selected_rows(pool, indices: list[int], scores: list[float | None]) -> list[
 
 
 def write_selection(out: Path, selection: Selection, summary: dict, pool, builder_text: str, config: dict) -> None:
-    """selected.jsonl, prompt.txt, summary.json and select_config.json, each written atomically."""
+    """selected.jsonl, prompt.txt, summary.json, select_config.json and selection.json (the
+    :class:`~icl_ssm.select.selected.SelectedPrompt` that ``icl-ssm answer`` loads), each written
+    atomically."""
     scores = [float(x) if np.isfinite(x) else None for x in selection.scores]
     atomic.write_jsonl(out / "selected.jsonl", selected_rows(pool, selection.indices, scores))
     atomic.write_text(out / "prompt.txt", builder_text)
     atomic.write_json(out / "select_config.json", config)
     atomic.write_json(out / "summary.json", summary)
+    selected_prompt(SelectConfig(**{k: v for k, v in config.items() if k in SelectConfig.__dataclass_fields__}),
+                    pool, selection.indices).save(out)
+
+
+def selected_prompt(cfg: SelectConfig, pool: Sequence[Example], indices: Sequence[int]) -> SelectedPrompt:
+    """The chosen ``indices`` of ``pool`` (prompt order) as a :class:`SelectedPrompt`, with the
+    model, task, pool and compressor of ``cfg``."""
+    task = get_task(cfg.task, **cfg.task_options)
+    compressor = cfg.compressor if uses_compressor(cfg) else None
+    made = pool_spec(pool, size=cfg.pool_size, seed=cfg.seed, k=cfg.k, min_validation=selection_queries(cfg))
+    return from_pool(pool, indices, model=cfg.model, task=task, method=cfg.method, task_options=cfg.task_options,
+                     chat=cfg.chat, pool_made=made, compressor=compressor, fidelity=compressor_fidelity(compressor))
 
 
 def with_shipped_compressor(cfg: SelectConfig) -> SelectConfig:

@@ -1,0 +1,246 @@
+"""Answering inputs with a chosen prompt: encode its prefix once, answer every input after it.
+
+The fast path, :func:`iter_answers` (and :func:`answer_inputs`): the header and the
+demonstrations are one prefix, encoded once into a :class:`~icl_ssm.compress.cache.PrefixCache`
+(``cache="exact"``: the model's own K/V, so the answers are the dense prompt's;
+``"compressed"``: a compressor's sinks and virtual tokens), and each batch of inputs reads only
+its own tokens after it, the batch's inputs packed as segments of one sequence after one copy of
+the cache (:func:`~icl_ssm.evaluate.answers.answer_logits_packed`). Classification scores every
+label by its verbaliser's log-likelihood and answers the best; a generative task is answered by
+greedy decoding, cut at the demonstration separator.
+
+The reference, :func:`answer_inputs_ref`: every input's whole prompt (header, demonstrations,
+input) encoded on its own, one unpadded forward each: what a user without a shared prefix does,
+and what the fast path is tested against (the same answers, logits within float32 rounding).
+
+Retrieval per input (``retriever="bm25"`` or ``"topk"``, OpenICL's inferencers): each input
+gets the ``k`` pool candidates most similar to it (:mod:`icl_ssm.select.per_query`), so every
+prompt is its own and is encoded whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from icl_ssm.compress.cache import PrefixCache, compressed_cache, exact_cache
+from icl_ssm.compress.compressor import SSMCompressor
+from icl_ssm.data.tasks import Example, Task
+from icl_ssm.evaluate.answers import answer_logits_packed, answer_scores
+from icl_ssm.lm.prompts import Prompt, PromptBuilder
+from icl_ssm.lm.scoring import generate_answers, score_labels
+from icl_ssm.select.per_query import PER_QUERY_METHODS, bm25_prompts, topk_prompts
+from icl_ssm.select.selected import SelectedPrompt
+
+CACHES = ("exact", "compressed")  # the shared prefix: the model's own K/V, or a compressor's slots
+RETRIEVERS = PER_QUERY_METHODS  # demonstrations retrieved for each input instead of one prompt for all
+
+
+@dataclass
+class Answer:
+    """One input answered: its ``id``; ``answer`` (the predicted label name, or the extracted
+    text of a generative task); ``scores`` (label -> log-likelihood of its verbaliser; None for a
+    generative task); the ``demonstrations`` (ids, prompt order) and their ``pool_indices``
+    (None where unknown) it was answered after; ``correct`` (the task's metric against the
+    input's label; None for an input without one)."""
+
+    id: str
+    answer: str
+    scores: dict[str, float] | None
+    demonstrations: list[str]
+    pool_indices: list[int] | None
+    correct: float | None = None
+
+    def row(self) -> dict:
+        """A line of ``predictions.jsonl``: the fields, scores rounded to 6 decimals."""
+        scores = None if self.scores is None else {k: round(v, 6) for k, v in self.scores.items()}
+        return {"id": self.id, "answer": self.answer, "scores": scores, "correct": self.correct,
+                "demonstrations": self.demonstrations, "pool_indices": self.pool_indices}
+
+
+def shared_prefix(model: PreTrainedModel, builder: PromptBuilder, demos: Sequence[Example], cache: str = "exact",
+                  compressor: SSMCompressor | None = None) -> PrefixCache | None:
+    """The cache of ``builder.build_prefix(demos)`` (header + demonstrations), one row; None
+    when that prefix has no tokens (no BOS, no instruction, no demonstrations)."""
+    if cache not in CACHES:
+        raise ValueError(f"cache={cache!r}; accepted: {', '.join(CACHES)}")
+    if cache == "compressed" and compressor is None:
+        raise ValueError("cache='compressed' needs a compressor")
+    ids = builder.build_prefix(list(demos)).input_ids
+    if not ids:
+        return None
+    tokens = torch.tensor([ids], device=model.device)  # (1, T)
+    with torch.no_grad():
+        return exact_cache(model, tokens) if cache == "exact" else compressed_cache(model, compressor, tokens)
+
+
+def scores_after_prefix(model: PreTrainedModel, builder: PromptBuilder, prefix: PrefixCache | None,
+                        suffixes: Sequence[Sequence[int]]) -> tuple[Tensor | None, Tensor]:
+    """Every label's log-likelihood after ``prefix`` (one row, shared) and each query suffix.
+
+    Single-token verbalisers: the answer-position logits of the suffixes packed after one copy
+    of the prefix, ``(n, V)`` float32, and their log-softmax at the label tokens ``(n, L)``;
+    multi-token verbalisers: :func:`~icl_ssm.evaluate.answers.answer_scores` (the logits where
+    the labels first differ). Without a prefix the suffixes are whole prompts:
+    :func:`~icl_ssm.lm.scoring.score_labels`, and no logits."""
+    labels = builder.label_ids()
+    if prefix is None:
+        return None, score_labels(model, builder, list(suffixes), batch_size=len(suffixes)).float()
+    rows = [0] * len(suffixes)
+    if all(len(ids) == 1 for ids in labels):
+        z = answer_logits_packed(model, prefix, suffixes, rows)  # (n, V)
+        return z, z.log_softmax(-1)[:, [ids[0] for ids in labels]]
+    return answer_scores(model, builder, prefix, suffixes, rows)
+
+
+def scores_reencoded(model: PreTrainedModel, builder: PromptBuilder, prompts: Sequence[Prompt],
+                     batch: int | None = None) -> tuple[Tensor | None, Tensor]:
+    """Every label's log-likelihood after each whole prompt, encoded on its own.
+
+    ``batch=None`` (the reference): one unpadded forward per prompt, returning its last
+    position's logits ``(n, V)`` float32 and the label scores ``(n, L)`` (multi-token
+    verbalisers: one forward per label, :func:`~icl_ssm.lm.scoring.continuation_logprobs_ref`).
+    ``batch=b``: ``b`` prompts padded into one forward
+    (:func:`~icl_ssm.lm.scoring.score_labels`), scores only."""
+    if batch is not None:
+        return None, score_labels(model, builder, list(prompts), batch_size=batch).float()
+    labels = builder.label_ids()
+    logits = []
+    with torch.no_grad():
+        for p in prompts:
+            out = model(input_ids=torch.tensor([p.input_ids], device=model.device))
+            logits.append(out.logits[0, -1].float())  # (V,)
+    z = torch.stack(logits)  # (n, V)
+    if all(len(ids) == 1 for ids in labels):
+        return z, z.log_softmax(-1)[:, [ids[0] for ids in labels]]
+    return z, score_labels(model, builder, list(prompts), reference=True).float()
+
+
+def retrieve(retriever: str, model: PreTrainedModel, builder: PromptBuilder, pool: Sequence[Example],
+             inputs: Sequence[Example], k: int) -> list[list[int]]:
+    """For every input, the pool indices of its ``k`` demonstrations (the most similar last)."""
+    if retriever not in RETRIEVERS:
+        raise ValueError(f"retriever {retriever!r}; accepted: {', '.join(RETRIEVERS)}")
+    if not 1 <= k <= len(pool):
+        raise ValueError(f"k={k} demonstrations per input from a pool of {len(pool)}")
+    if retriever == "bm25":
+        return bm25_prompts(pool, inputs, k)
+    return topk_prompts(model, builder, pool, inputs, k)[0]
+
+
+def iter_answers(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    selected: SelectedPrompt,
+    inputs: Sequence[Example],
+    *,
+    cache: str = "exact",
+    compressor: SSMCompressor | None = None,
+    batch: int = 16,
+    retriever: str | None = None,
+    k: int | None = None,
+    pool: Sequence[Example] | None = None,
+    task: Task | None = None,
+    max_new_tokens: int = 32,
+) -> Iterator[list[Answer]]:
+    """Answer ``inputs`` with ``selected``'s prompt, ``batch`` at a time: yields each batch's
+    :class:`Answer` list as soon as it is done (so a caller can write it before the next).
+
+    The prefix is encoded once, before the first batch (``cache``, ``compressor``: see the
+    module docstring). ``retriever`` (``"bm25"`` or ``"topk"``) retrieves ``k`` (default: the
+    selection's ``k``) demonstrations per input from ``pool`` (default: the selection's pool,
+    rebuilt) instead. An input's ``target`` is its label, or ``""`` when it has none. ``task``:
+    default ``selected.task_object()``.
+    """
+    if batch < 1:
+        raise ValueError(f"batch={batch}; expected >= 1")
+    if retriever is not None and cache != "exact":
+        raise ValueError(f"retrieval per input ({retriever}) gives every input a prompt of its own, encoded whole; "
+                         f"it shares no prefix to compress (cache={cache!r}): use cache='exact'")
+    task = task or selected.task_object()
+    builder = PromptBuilder.for_model(model, tokenizer, task, chat=selected.chat)
+    inputs = list(inputs)
+    if not inputs:
+        return
+    if retriever is not None:
+        pool = list(pool) if pool is not None else selected.pool_examples(task)
+        chosen = retrieve(retriever, model, builder, pool, inputs, k or selected.k)
+        for start in range(0, len(inputs), batch):
+            chunk, picks = inputs[start: start + batch], chosen[start: start + batch]
+            prompts = [builder.build([pool[i] for i in p], q) for p, q in zip(picks, chunk, strict=True)]
+            answers = _answer(model, builder, None, [p.input_ids for p in prompts], chunk, max_new_tokens)
+            yield [_with_demos(a, [pool[i].id for i in p], list(p)) for a, p in zip(answers, picks, strict=True)]
+        return
+    demos = selected.examples()
+    prefix = shared_prefix(model, builder, demos, cache, compressor)
+    for start in range(0, len(inputs), batch):
+        chunk = inputs[start: start + batch]
+        if prefix is None:  # nothing before the inputs: each prompt is its input alone
+            seqs = [builder.build(demos, q).input_ids for q in chunk]
+        else:
+            seqs = [builder.build_suffix(q).input_ids for q in chunk]
+        answers = _answer(model, builder, prefix, seqs, chunk, max_new_tokens)
+        yield [_with_demos(a, selected.ids, selected.pool_indices) for a in answers]
+
+
+def answer_inputs(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, selected: SelectedPrompt,
+                  inputs: Sequence[Example], **kwargs) -> list[Answer]:
+    """Every input answered with ``selected``'s prompt, its prefix encoded once and shared
+    (:func:`iter_answers`, whose keyword arguments it takes), in input order."""
+    return [a for answers in iter_answers(model, tokenizer, selected, inputs, **kwargs) for a in answers]
+
+
+def answer_inputs_ref(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, selected: SelectedPrompt,
+                      inputs: Sequence[Example], *, task: Task | None = None, batch: int | None = None,
+                      max_new_tokens: int = 32) -> list[Answer]:
+    """The reference for :func:`answer_inputs`: each input's whole prompt encoded on its own
+    (``batch=None``: one unpadded forward per input; ``batch=b``: ``b`` padded prompts per
+    forward, as a user without a shared prefix would batch them)."""
+    task = task or selected.task_object()
+    builder = PromptBuilder.for_model(model, tokenizer, task, chat=selected.chat)
+    demos = selected.examples()
+    prompts = [builder.build(demos, q) for q in inputs]
+    if task.kind == "classification":
+        scores = scores_reencoded(model, builder, prompts, batch)[1]
+        answers = _labelled(builder, scores, inputs)
+    else:
+        answers = _generated(model, builder, None, [p.input_ids for p in prompts], inputs, max_new_tokens,
+                             batch or 1)
+    return [_with_demos(a, selected.ids, selected.pool_indices) for a in answers]
+
+
+# ---------------------------------------------------------------------- helpers
+
+def _answer(model: PreTrainedModel, builder: PromptBuilder, prefix: PrefixCache | None, seqs: list[list[int]],
+            inputs: Sequence[Example], max_new_tokens: int) -> list[Answer]:
+    if builder.task.kind == "classification":
+        return _labelled(builder, scores_after_prefix(model, builder, prefix, seqs)[1], inputs)
+    return _generated(model, builder, prefix, seqs, inputs, max_new_tokens, len(seqs))
+
+
+def _labelled(builder: PromptBuilder, scores: Tensor, inputs: Sequence[Example]) -> list[Answer]:
+    """Answers from label scores ``(n, L)``: the best label, every label's score, and 0/1 against
+    the input's label where it has one."""
+    labels = builder.task.labels
+    out = []
+    for row, q in zip(scores.cpu().tolist(), inputs, strict=True):
+        best = labels[max(range(len(labels)), key=row.__getitem__)]
+        out.append(Answer(q.id, best, dict(zip(labels, row, strict=True)), [], None,
+                          float(best == q.target) if q.target else None))
+    return out
+
+
+def _generated(model: PreTrainedModel, builder: PromptBuilder, prefix: PrefixCache | None, seqs: list[list[int]],
+               inputs: Sequence[Example], max_new_tokens: int, batch: int) -> list[Answer]:
+    texts = generate_answers(model, builder, seqs, prefix=prefix, max_new_tokens=max_new_tokens, batch_size=batch)
+    return [Answer(q.id, text, None, [], None, builder.task.score(text, q) if q.target else None)
+            for text, q in zip(texts, inputs, strict=True)]
+
+
+def _with_demos(answer: Answer, ids: list[str], indices: list[int] | None) -> Answer:
+    answer.demonstrations, answer.pool_indices = list(ids), None if indices is None else list(indices)
+    return answer

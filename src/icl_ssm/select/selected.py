@@ -1,0 +1,412 @@
+"""A chosen prompt as one object: :class:`SelectedPrompt`, the demonstrations in prompt order
+with the model, task and template they were chosen for, saved to and loaded from a directory.
+
+``SelectedPrompt.save(dir)`` writes ``dir/selection.json`` atomically (and ``selected.jsonl`` and
+``prompt.txt`` beside it when asked). :meth:`SelectedPrompt.load` reads
+
+* a directory holding ``selection.json`` (what ``icl-ssm select`` and ``icl-ssm run`` write);
+* a directory written by ``icl-ssm select`` or ``icl-ssm run`` before ``selection.json`` existed
+  (``select_config.json`` + ``summary.json``, or ``run_config.json`` + ``report.json``, each with
+  its ``selected.jsonl``);
+* a ``selected.jsonl`` file: with its directory's configuration files when they are there.
+
+What it holds is what answering and exporting need, and nothing that must be recomputed:
+every demonstration's id, text, label and pool index; the model (answering with another is
+refused by name); the task, its options and the template it was formatted with (instruction,
+input and output prefixes, labels and their verbalisers); how the pool is rebuilt (its size,
+seed, ``k`` and a hash of its ids, for retrieval per input); and the compressor the selection
+read, with its fidelity verdict where one was measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from icl_ssm import atomic
+from icl_ssm.data.splits import split
+from icl_ssm.data.tasks import KINDS, Example, Task, get_task
+from icl_ssm.lm.models import EMBEDDED_MODELS
+
+SELECTION_FILE = "selection.json"
+FORMAT = 1  # version of selection.json's layout
+TEMPLATE_FIELDS = ("kind", "labels", "verbalizers", "instruction", "input_prefix", "output_prefix")
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One demonstration of a prompt: its ``id`` in the task, ``text`` (the input shown),
+    ``label`` (the gold label name, or the answer text of a generative task) and where it sits
+    in the candidate pool (``pool_index``; None where the pool is not known)."""
+
+    id: str
+    text: str
+    label: str
+    pool_index: int | None = None
+
+    def example(self) -> Example:
+        return Example(self.id, self.text, self.label)
+
+
+@dataclass
+class SelectedPrompt:
+    """The ``k`` demonstrations a selection chose, in prompt order, and what they were chosen for.
+
+    ``model``: the name the selection's model was loaded by (:func:`canonical_model` compares
+    names); ``task`` and ``task_options``: what :func:`~icl_ssm.data.tasks.get_task` takes;
+    ``template``: the task's ``kind``, ``labels``, ``verbalizers``, ``instruction``,
+    ``input_prefix`` and ``output_prefix`` (the prompt's format, kept so that a prompt can be
+    answered or exported when the task file has moved); ``chat``: prompts in the chat template;
+    ``pool``: ``{"size", "seed", "k", "min_validation", "ids_sha256"}``, how
+    :func:`~icl_ssm.data.splits.split` rebuilds the candidate pool (None: unknown);
+    ``compressor``: the compressor directory the selection read (None: none); ``fidelity``:
+    its verdict ``{"verdict": "compressed" | "dense" | None, "detail", "source"}`` (verdict
+    None: not measured); ``method``: the selector that chose them; ``source``: where it was
+    loaded from (not saved).
+    """
+
+    model: str
+    task: str
+    demonstrations: list[Demonstration]
+    task_options: dict[str, Any] = field(default_factory=dict)
+    template: dict[str, Any] = field(default_factory=dict)
+    chat: bool = False
+    pool: dict[str, Any] | None = None
+    compressor: str | None = None
+    fidelity: dict[str, Any] | None = None
+    method: str | None = None
+    source: str | None = field(default=None, compare=False)
+
+    @property
+    def k(self) -> int:
+        return len(self.demonstrations)
+
+    def examples(self) -> list[Example]:
+        """The demonstrations as task examples, in prompt order."""
+        return [d.example() for d in self.demonstrations]
+
+    @property
+    def ids(self) -> list[str]:
+        return [d.id for d in self.demonstrations]
+
+    @property
+    def pool_indices(self) -> list[int] | None:
+        indices = [d.pool_index for d in self.demonstrations]
+        return None if any(i is None for i in indices) else indices  # type: ignore[return-value]
+
+    def zero_shot(self) -> SelectedPrompt:
+        """The same task and model with no demonstrations: the baseline a prompt is measured against."""
+        return replace(self, demonstrations=[], method="zero-shot", compressor=None, fidelity=None)
+
+    # ------------------------------------------------------------------ the task and its pool
+
+    def task_object(self) -> Task:
+        """The task the prompt was chosen on: ``get_task(task, **task_options)``; where that
+        cannot be built (a user file since moved), a task made from the saved template. Refuses
+        a task whose format no longer matches the saved template (the prompt would differ)."""
+        try:
+            task = get_task(self.task, **self.task_options)
+        except (ValueError, OSError) as err:
+            if not self.template:
+                raise ValueError(f"selection {self.where()}: task {self.task!r} cannot be loaded ({err}) and the "
+                                 "selection has no saved template to answer with") from err
+            return TemplateTask.from_template(self.task, self.template)
+        if self.template:
+            now = task_template(task)
+            changed = [key for key in TEMPLATE_FIELDS if key in self.template and now[key] != self.template[key]]
+            if changed:
+                raise ValueError(f"selection {self.where()}: task {self.task!r} now formats prompts differently from "
+                                 f"when it was selected ({', '.join(changed)} changed: "
+                                 f"{', '.join(f'{self.template[c]!r} -> {now[c]!r}' for c in changed)})")
+        return task
+
+    def pool_examples(self, task: Task | None = None) -> list[Example]:
+        """The candidate pool the demonstrations were chosen from, rebuilt by
+        :func:`~icl_ssm.data.splits.split` and checked against the saved ids (retrieval per
+        input draws from it)."""
+        if not self.pool:
+            raise ValueError(f"selection {self.where()} does not say how its pool was made (pool size and seed); "
+                             "retrieval per input needs it")
+        task = task or self.task_object()
+        p = self.pool
+        pool = split(task, pool_size=p["size"], seed=p["seed"], fit=True, k=p.get("k", 0),
+                     min_val_size=p.get("min_validation", 0)).pool
+        wrong = [d.id for d in self.demonstrations if d.pool_index is not None and
+                 (d.pool_index >= len(pool) or pool[d.pool_index].id != d.id)]
+        if wrong or (p.get("ids_sha256") and p["ids_sha256"] != ids_hash(pool)):
+            raise ValueError(f"selection {self.where()}: the pool rebuilt from task {self.task!r} (size {p['size']}, "
+                             f"seed {p['seed']}) is not the one the selection chose from"
+                             + (f" (demonstrations {', '.join(wrong[:5])} are not where it says)" if wrong else "")
+                             + "; the task's data changed since")
+        return pool
+
+    # ------------------------------------------------------------------ the model
+
+    def check_model(self, name: str) -> None:
+        """Refuse a model other than the selection's, naming both (aliases of one embedded
+        model are the same model)."""
+        if canonical_model(name) != canonical_model(self.model):
+            raise ValueError(f"model {name!r} differs from {self.model!r}, the model selection {self.where()} was "
+                             f"made for; a prompt chosen for one model is not chosen for another: answer with "
+                             f"--model {self.model} or select again for {name}")
+
+    # ------------------------------------------------------------------ saving and loading
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("source")
+        return {"format": FORMAT, **data}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any], source: str | None = None) -> SelectedPrompt:
+        where = source or "the selection"
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{where}: selection format {data.get('format')!r}; this icl-ssm reads format {FORMAT}")
+        missing = [key for key in ("model", "task", "demonstrations") if key not in data]
+        if missing:
+            raise ValueError(f"{where}: missing {', '.join(missing)}")
+        demos = [Demonstration(**d) for d in data["demonstrations"]]
+        kept = {key: data[key] for key in ("task_options", "template", "chat", "pool", "compressor", "fidelity",
+                                           "method") if key in data}
+        return SelectedPrompt(data["model"], data["task"], demos, **kept, source=source)
+
+    def save(self, directory: str | Path, *, files: bool = False, prompt_text: str | None = None) -> Path:
+        """``directory/selection.json``, written atomically; with ``files`` also ``selected.jsonl``
+        (id, text, label of each demonstration) and, given ``prompt_text``, ``prompt.txt``."""
+        out = atomic.prepare_dir(directory)
+        if files:
+            atomic.write_jsonl(out / "selected.jsonl", [{"id": d.id, "text": d.text, "label": d.label}
+                                                         for d in self.demonstrations])
+        if prompt_text is not None:
+            atomic.write_text(out / "prompt.txt", prompt_text)
+        return atomic.write_json(out / SELECTION_FILE, self.to_dict())
+
+    @staticmethod
+    def load(path: str | Path, *, model: str | None = None, task: str | None = None,
+             task_options: dict[str, Any] | None = None) -> SelectedPrompt:
+        """A selection from a directory or a ``selected.jsonl`` (see the module docstring).
+        ``model``, ``task`` and ``task_options`` say what a ``selected.jsonl`` with no
+        configuration beside it was chosen for; they are not read otherwise."""
+        path = Path(path)
+        if path.is_file() and path.name == SELECTION_FILE:
+            path = path.parent
+        if path.is_file():
+            if path.suffix != ".jsonl":
+                raise ValueError(f"{path}: expected a selection directory or a selected.jsonl file")
+            return _from_jsonl(path, model, task, task_options or {})
+        if not path.is_dir():
+            raise ValueError(f"selection {str(path)!r} does not exist; expected the --out directory of icl-ssm select "
+                             "or icl-ssm run, or a selected.jsonl")
+        if (path / SELECTION_FILE).is_file():
+            return SelectedPrompt.from_dict(_read_json(path / SELECTION_FILE), str(path))
+        if (path / "select_config.json").is_file():
+            return _from_select_dir(path)
+        if (path / "run_config.json").is_file():
+            return _from_run_dir(path)
+        found = ", ".join(sorted(p.name for p in path.iterdir())[:8]) or "nothing"
+        raise ValueError(f"{path} is not a selection: expected {SELECTION_FILE}, or the files of icl-ssm select "
+                         f"(select_config.json, summary.json, selected.jsonl) or icl-ssm run (run_config.json, "
+                         f"report.json, selected.jsonl); found {found}")
+
+    def where(self) -> str:
+        return repr(self.source) if self.source else f"for {self.task!r}"
+
+
+@dataclass
+class TemplateTask(Task):
+    """A task rebuilt from a saved template alone: enough to format prompts, score labels
+    and extract answers (exact match) when the task's own data cannot be read."""
+
+    template_name: str = ""
+    template: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def from_template(name: str, template: dict[str, Any]) -> TemplateTask:
+        task = TemplateTask(template_name=name, template=dict(template))
+        if template.get("kind") not in KINDS:
+            raise ValueError(f"task {name!r}: saved template has kind {template.get('kind')!r}; accepted: "
+                             f"{', '.join(KINDS)}")
+        task.name = name
+        task.kind = template["kind"]
+        task.labels = tuple(template.get("labels") or ())
+        task.verbalizers = dict(template.get("verbalizers") or {})
+        task.instruction = template.get("instruction", "")
+        task.input_prefix = template.get("input_prefix", "Input: ")
+        task.output_prefix = template.get("output_prefix", "Output: ")
+        return task
+
+    def load(self) -> list[Example]:
+        raise ValueError(f"task {self.template_name!r} was rebuilt from a saved template and has no data")
+
+
+def task_template(task: Task) -> dict[str, Any]:
+    """The fields of ``task`` that decide how its prompts read: :data:`TEMPLATE_FIELDS`."""
+    return {"kind": task.kind, "labels": list(task.labels), "verbalizers": dict(task.verbalizers),
+            "instruction": task.instruction, "input_prefix": task.input_prefix, "output_prefix": task.output_prefix}
+
+
+def canonical_model(name: str) -> str:
+    """One name per model: an embedded model's canonical name for any of its aliases, a local
+    directory's resolved path, else the name as given (a hub id)."""
+    key = str(name).strip()
+    spec = EMBEDDED_MODELS.get(key.lower())
+    if spec is not None:
+        return spec.name
+    path = Path(key).expanduser()
+    return str(path.resolve()) if path.exists() else key
+
+
+def ids_hash(examples: Sequence[Example]) -> str:
+    """A short hash of the examples' ids in order: tells a rebuilt pool from another."""
+    return hashlib.sha256("\n".join(e.id for e in examples).encode()).hexdigest()[:16]
+
+
+def pool_spec(pool: Sequence[Example], *, size: int, seed: int, k: int, min_validation: int) -> dict[str, Any]:
+    """``SelectedPrompt.pool``: the :func:`~icl_ssm.data.splits.split` arguments that made ``pool``
+    and the hash of its ids."""
+    return {"size": size, "seed": seed, "k": k, "min_validation": min_validation, "ids_sha256": ids_hash(pool)}
+
+
+def from_pool(pool: Sequence[Example], indices: Sequence[int], *, model: str, task: Task, method: str | None,
+              task_options: dict[str, Any] | None = None, chat: bool = False, pool_made: dict[str, Any] | None = None,
+              compressor: str | None = None, fidelity: dict[str, Any] | None = None) -> SelectedPrompt:
+    """The selection of ``pool[i] for i in indices`` (prompt order) for ``model`` and ``task``."""
+    demos = [Demonstration(pool[i].id, pool[i].input, pool[i].target, int(i)) for i in indices]
+    name = str(Path(task.name).resolve()) if Path(task.name).is_file() else task.name  # a user file, from anywhere
+    return SelectedPrompt(model, name, demos, dict(task_options or {}), task_template(task), chat,
+                          pool_made, compressor, fidelity, method)
+
+
+def compressor_fidelity(compressor: str | None, verdict: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """``SelectedPrompt.fidelity`` for ``compressor``: from a run's fidelity ``verdict``
+    (:func:`~icl_ssm.evaluate.verdict.fidelity_verdict`) when there is one; else, for a
+    compressor shipped with the package, the fidelity its recipe records (numbers without
+    intervals: no verdict); else None."""
+    if compressor is None:
+        return None
+    if verdict is not None and verdict.get("checks") is not None:
+        passed = verdict.get("verdict", verdict.get("evaluator"))
+        return {"verdict": passed, "detail": verdict.get("summary") or verdict.get("reason") or "",
+                "source": "the run's fidelity stage"}
+    recipe = Path(compressor).parent / "recipe.json"
+    measured = _read_json(recipe).get("fidelity") if recipe.is_file() else None
+    if not measured:
+        return {"verdict": None, "detail": "no fidelity measured for this compressor", "source": None}
+    numbers = ", ".join(f"{key} {measured[key]:.3f}" for key in ("subset_loss_spearman", "kl", "top1_agree",
+                                                                  "acc_dense", "acc_compressed")
+                        if isinstance(measured.get(key), int | float))
+    return {"verdict": None, "source": str(recipe),
+            "detail": f"measured when it was shipped on {measured.get('subsets')} subsets x {measured.get('queries')} "
+                      f"queries: {numbers}; without intervals, so no verdict (icl-ssm run measures one)"}
+
+
+# ---------------------------------------------------------------------- directories written before selection.json
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return data
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} line {number}: not valid JSON ({err.msg})") from None
+        missing = [key for key in ("id", "text", "label") if not isinstance(row, dict) or key not in row]
+        if missing:
+            raise ValueError(f"{path} line {number}: missing {', '.join(missing)}; a selected.jsonl line holds the "
+                             "id, text and label of one demonstration")
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no demonstrations")
+    return rows
+
+
+def _demos(rows: list[dict[str, Any]], indices: Sequence[int] | None) -> list[Demonstration]:
+    if indices is not None and len(indices) != len(rows):
+        indices = None  # a summary of another pick than the one written (run's hand-over): positions unknown
+    return [Demonstration(str(r["id"]), str(r["text"]), str(r["label"]), None if indices is None else int(indices[i]))
+            for i, r in enumerate(rows)]
+
+
+def _template_of(task: str, options: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return task_template(get_task(task, **options))
+    except (ValueError, OSError):
+        return {}  # the task cannot be built here: the prompt is formatted from the task when answering
+
+
+def _from_select_dir(path: Path) -> SelectedPrompt:
+    cfg = _read_json(path / "select_config.json")
+    if not (path / "selected.jsonl").is_file():
+        if (path / "prompts.jsonl").is_file():
+            raise ValueError(f"{path} holds a selection per test input (select --per-query), not one prompt; answer "
+                             "with --per-query bm25 (or topk) on a selection of one prompt instead")
+        raise ValueError(f"{path} has select_config.json but no selected.jsonl; the selection did not finish")
+    summary = _read_json(path / "summary.json") if (path / "summary.json").is_file() else {}
+    rows = _read_rows(path / "selected.jsonl")
+    ids = summary.get("ids")
+    indices = summary.get("indices") if ids == [str(r["id"]) for r in rows] else None
+    options = dict(cfg.get("task_options") or {})
+    method = cfg.get("method")
+    queries = cfg.get("queries", 0)
+    if method == "search":
+        queries = max(cfg.get("confirm_queries", 0), cfg.get("screen_queries", 0) if cfg.get("screen") != "none"
+                      else 0)
+    pool = {"size": cfg["pool_size"], "seed": cfg.get("seed", 0), "k": cfg.get("k", len(rows)),
+            "min_validation": queries} if "pool_size" in cfg else None
+    compressor = cfg.get("compressor") if _reads_compressor(cfg) else None
+    return SelectedPrompt(cfg.get("model", ""), cfg.get("task", ""), _demos(rows, indices), options,
+                          _template_of(cfg.get("task", ""), options), bool(cfg.get("chat", False)), pool, compressor,
+                          compressor_fidelity(compressor), method, source=str(path))
+
+
+def _reads_compressor(cfg: dict[str, Any]) -> bool:
+    if cfg.get("method") == "search":
+        return cfg.get("screen") == "compressed"
+    return cfg.get("method") in ("affinity", "bridge") and cfg.get("evaluator") == "compressed"
+
+
+def _from_run_dir(path: Path) -> SelectedPrompt:
+    cfg = _read_json(path / "run_config.json")
+    if not (path / "selected.jsonl").is_file() or not (path / "report.json").is_file():
+        raise ValueError(f"{path} has run_config.json but no selected.jsonl and report.json; the run did not finish "
+                         "(rerun icl-ssm run with the same --out to continue it)")
+    report = _read_json(path / "report.json")
+    rows = _read_rows(path / "selected.jsonl")
+    handed = report.get("handed_over") or {}
+    options = dict(cfg.get("task_options") or {})
+    methods = cfg.get("methods") or ()
+    search = max(cfg.get("confirm_queries", 0), cfg.get("screen_queries", 0)) if "search" in methods else 0
+    pool = {"size": cfg["pool_size"], "seed": cfg.get("seed", 0), "k": cfg.get("k", len(rows)),
+            "min_validation": max(cfg.get("queries", 0), search) + cfg.get("check_size", 0)}
+    compressor = (report.get("compressor") or {}).get("compressor")
+    return SelectedPrompt(cfg.get("model", ""), cfg.get("task", ""), _demos(rows, handed.get("indices")), options,
+                          _template_of(cfg.get("task", ""), options), False, pool, compressor,
+                          compressor_fidelity(compressor, report.get("fidelity_verdict")), handed.get("name"),
+                          source=str(path))
+
+
+def _from_jsonl(path: Path, model: str | None, task: str | None, options: dict[str, Any]) -> SelectedPrompt:
+    folder = path.parent
+    if path.name == "selected.jsonl" and any((folder / name).is_file() for name in
+                                             (SELECTION_FILE, "select_config.json", "run_config.json")):
+        return SelectedPrompt.load(folder)
+    if not model or not task:
+        raise ValueError(f"{path}: a selected.jsonl alone does not say which model and task it was chosen for; pass "
+                         "the directory icl-ssm select or icl-ssm run wrote it into, or name them (--model, --task)")
+    return SelectedPrompt(model, task, _demos(_read_rows(path), None), dict(options), _template_of(task, options),
+                          source=str(path))

@@ -1,0 +1,341 @@
+"""Answering inputs with a selection (``icl-ssm answer``, :mod:`icl_ssm.apply`) on tiny random
+models and small files: the shared prefix against the reference that re-encodes every prompt,
+the selection saved and loaded, resumable predictions, and the errors a user meets."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from icl_ssm import SelectedPrompt, answer_inputs
+from icl_ssm.apply.answer import answer_inputs_ref, scores_after_prefix, scores_reencoded, shared_prefix
+from icl_ssm.apply.inputs import read_inputs
+from icl_ssm.apply.predictions import PARTIAL, PredictionsFile
+from icl_ssm.cli import main
+from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
+from icl_ssm.data.splits import split
+from icl_ssm.data.tasks import get_task
+from icl_ssm.lm.models import load_model
+from icl_ssm.lm.prompts import PromptBuilder
+from icl_ssm.lm.tiny import tiny_model
+from icl_ssm.select.per_query import bm25_prompts
+from icl_ssm.select.selected import from_pool
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A coin-flip task file, 1,000 inputs with labels (from another seed), a selection of 3."""
+    root = tmp_path_factory.mktemp("answer")
+    data = write_jsonl(root / "coin.jsonl", [{"text": e.input, "label": e.target}
+                                             for e in get_task("coin_flip", size=120).examples()])
+    more = get_task("coin_flip", size=1000, seed=7).examples()
+    inputs = write_jsonl(root / "inputs.jsonl", [{"text": e.input, "label": e.target} for e in more])
+    sel = root / "sel"
+    assert main(["select", "--model", "tiny-llama", "--task", str(data), "--k", "3", "--pool-size", "24", "--queries",
+                 "3", "--test-size", "6", "--method", "random", "--out", str(sel)]) == 0
+    return {"root": root, "data": data, "inputs": inputs, "sel": sel}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny-llama")
+
+
+def user_task(tmp_path, labels, kind="classification"):
+    """A user file whose labels are ``labels`` (several tokens each, for the multi-token path)."""
+    rows = [{"text": f"the film number {i} was {'good' if i % 2 else 'bad'}", "label": labels[i % len(labels)]}
+            for i in range(40)]
+    path = write_jsonl(tmp_path / f"{kind}.jsonl", rows)
+    return get_task(str(path), kind=kind)
+
+
+@pytest.mark.parametrize("labels, kind", [(None, "classification"),
+                                          (("very good indeed", "rather bad", "so so"), "classification"),
+                                          (("four", "Paris is it", "seven"), "generative")])
+def test_shared_prefix_answers_as_the_whole_prompt_re_encoded(tmp_path, tiny, labels, kind):
+    """The fast path (prefix encoded once, inputs packed after it) against the reference (every
+    whole prompt encoded on its own): answer-position logits within 1e-4 in float32, the same
+    answers, single- and multi-token verbalisers, and greedy answers of a generative task."""
+    model, tokenizer = tiny
+    assert model.dtype == torch.float32
+    task = get_task("coin_flip", size=60) if labels is None else user_task(tmp_path, labels, kind)
+    data = split(task, pool_size=12, seed=0)
+    options = {} if labels is None else {"kind": kind}
+    selected = from_pool(data.pool, [4, 0, 7], model="tiny-llama", task=task, method="random", task_options=options)
+    inputs = data.test[:7]
+    builder = PromptBuilder.for_model(model, tokenizer, task)
+    if kind == "classification":
+        prefix = shared_prefix(model, builder, selected.examples())
+        z, scores = scores_after_prefix(model, builder, prefix, [builder.build_suffix(q).input_ids for q in inputs])
+        z_ref, scores_ref = scores_reencoded(model, builder, [builder.build(selected.examples(), q) for q in inputs])
+        assert (z - z_ref).abs().max() < 1e-4 and (scores - scores_ref).abs().max() < 1e-4
+        batched = scores_reencoded(model, builder, [builder.build(selected.examples(), q) for q in inputs], batch=3)[1]
+        assert (batched - scores_ref).abs().max() < 1e-4  # the padded re-encoding a user would batch
+    fast = answer_inputs(model, tokenizer, selected, inputs, batch=3)
+    ref = answer_inputs_ref(model, tokenizer, selected, inputs)
+    assert [a.answer for a in fast] == [a.answer for a in ref]
+    assert [a.id for a in fast] == [q.id for q in inputs]
+    assert all(a.demonstrations == selected.ids and a.pool_indices == [4, 0, 7] for a in fast)
+    if kind == "classification":
+        assert all(abs(a.scores[y] - b.scores[y]) < 1e-4 for a, b in zip(fast, ref) for y in task.labels)
+        assert all(a.correct == float(a.answer == q.target) for a, q in zip(fast, inputs))
+
+
+def test_the_compressed_prefix_answers_from_the_compressor_cache(tmp_path, tiny):
+    model, tokenizer = tiny
+    task = get_task("coin_flip", size=60)
+    data = split(task, pool_size=12, seed=0)
+    selected = from_pool(data.pool, [4, 0, 7], model="tiny-llama", task=task, method="random")
+    torch.manual_seed(0)
+    compressor = SSMCompressor(SSMCompressorConfig.for_teacher(model.config, state_size=16, num_virtual=4,
+                                                               num_sink=2, latent_size=8))
+    answers = answer_inputs(model, tokenizer, selected, data.test[:5], cache="compressed", compressor=compressor)
+    builder = PromptBuilder.for_model(model, tokenizer, task)
+    prefix = shared_prefix(model, builder, selected.examples(), "compressed", compressor)
+    assert prefix.length == 6  # 2 sinks + 4 virtual slots, not the prompt
+    scores = scores_after_prefix(model, builder, prefix, [builder.build_suffix(q).input_ids for q in data.test[:5]])[1]
+    assert [a.answer for a in answers] == [task.labels[i] for i in scores.argmax(-1).tolist()]
+    with pytest.raises(ValueError, match="gives every input a prompt of its own"):
+        answer_inputs(model, tokenizer, selected, data.test[:2], cache="compressed", compressor=compressor,
+                      retriever="bm25")
+
+
+def test_a_selection_saves_and_loads_as_one_object_and_old_directories_load(files, tmp_path):
+    selected = SelectedPrompt.load(files["sel"])
+    summary = json.loads((files["sel"] / "summary.json").read_text())
+    assert selected.ids == summary["ids"] and selected.pool_indices == summary["indices"]
+    assert selected.model == "tiny-llama" and selected.method == "random" and selected.k == 3
+    assert selected.template["labels"] == ["no", "yes"] and selected.pool["size"] == 24
+    pool = selected.pool_examples()
+    assert [pool[i].id for i in selected.pool_indices] == selected.ids
+    assert SelectedPrompt.load(files["sel"] / "selected.jsonl") == selected  # the jsonl finds its directory
+    selected.save(tmp_path / "copy", files=True)
+    assert SelectedPrompt.load(tmp_path / "copy") == selected
+    # a select directory written before selection.json: the same selection from its configs
+    old = tmp_path / "old-select"
+    old.mkdir()
+    for name in ("select_config.json", "summary.json", "selected.jsonl"):
+        (old / name).write_bytes((files["sel"] / name).read_bytes())
+    loaded = SelectedPrompt.load(old)
+    assert loaded.examples() == selected.examples() and loaded.pool_indices == selected.pool_indices
+    assert loaded.pool_examples() == pool
+    # a run directory written before selection.json
+    run = tmp_path / "old-run"
+    run.mkdir()
+    (run / "selected.jsonl").write_bytes((files["sel"] / "selected.jsonl").read_bytes())
+    (run / "run_config.json").write_text(json.dumps({"model": "tiny-llama", "task": str(files["data"]), "k": 3,
+                                                     "pool_size": 24, "seed": 0, "queries": 3, "check_size": 0,
+                                                     "methods": ["random"], "task_options": {}}))
+    (run / "report.json").write_text(json.dumps({"handed_over": {"name": "random", "indices": selected.pool_indices},
+                                                 "compressor": {"compressor": None}, "fidelity_verdict": None}))
+    loaded = SelectedPrompt.load(run)
+    assert loaded.examples() == selected.examples() and loaded.method == "random"
+    assert loaded.pool_examples() == pool
+    with pytest.raises(ValueError, match="is not a selection: expected selection.json"):
+        SelectedPrompt.load(tmp_path)
+    with pytest.raises(ValueError, match="does not say which model and task"):
+        SelectedPrompt.load(write_jsonl(tmp_path / "bare.jsonl", [{"id": "a", "text": "t", "label": "yes"}]))
+
+
+def test_a_selection_answers_when_its_task_file_has_moved(files, tmp_path, tiny):
+    """The saved template formats the prompt: the same answers without the task file."""
+    model, tokenizer = tiny
+    selected = SelectedPrompt.load(files["sel"])
+    inputs = read_inputs(files["inputs"], selected.task_object())[0][:4]
+    moved = SelectedPrompt.from_dict({**selected.to_dict(), "task": str(tmp_path / "gone.jsonl")})
+    assert type(moved.task_object()).__name__ == "TemplateTask"
+    assert [a.row() for a in answer_inputs(model, tokenizer, moved, inputs)] == \
+        [a.row() for a in answer_inputs(model, tokenizer, selected, inputs)]
+    changed = SelectedPrompt.from_dict({**selected.to_dict(), "template": {**selected.template,
+                                                                          "instruction": "Say yes."}})
+    with pytest.raises(ValueError, match=r"differently from when it was selected \(instruction changed"):
+        changed.task_object()
+
+
+def answer(files, out, *extra):
+    return main(["answer", str(files["sel"]), str(files["inputs"]), "--out", str(out), *extra])
+
+
+def small_inputs(files, tmp_path, n=12, name="few.jsonl", **rename):
+    """The first ``n`` inputs in ``tmp_path / name``, fields renamed as ``rename`` says (old=new)."""
+    rows = [json.loads(line) for line in files["inputs"].read_text().splitlines()[:n]]
+    rows = [{rename.get(k, k): v for k, v in r.items()} for r in rows]
+    return write_jsonl(tmp_path / name, rows)
+
+
+def test_answer_writes_predictions_with_accuracy_and_zero_shot_beside(files, tmp_path, capsys, tiny):
+    few = small_inputs(files, tmp_path)
+    out = tmp_path / "out"
+    assert main(["answer", str(files["sel"]), str(few), "--out", str(out), "--batch", "5"]) == 0
+    err = capsys.readouterr().err
+    assert "answered 12 of 12 inputs" in err and "accuracy " in err and "zero-shot " in err
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [f"line-{i}" for i in range(1, 13)]
+    assert set(rows[0]) == {"id", "answer", "scores", "correct", "demonstrations", "pool_indices", "zero_shot"}
+    selected = SelectedPrompt.load(files["sel"])
+    assert all(r["demonstrations"] == selected.ids for r in rows)
+    summary = json.loads((out / "answer_summary.json").read_text())
+    assert summary["accuracy"]["mean"] == pytest.approx(np.mean([r["correct"] for r in rows]))
+    lo, hi = summary["accuracy"]["ci95"]
+    assert lo <= summary["accuracy"]["mean"] <= hi and "zero_shot_accuracy" in summary
+    model, tokenizer = tiny
+    inputs = read_inputs(few, selected.task_object())[0]
+    assert [r["answer"] for r in rows] == [a.answer for a in answer_inputs_ref(model, tokenizer, selected, inputs)]
+    zero = answer_inputs_ref(model, tokenizer, selected.zero_shot(), inputs)
+    assert [r["zero_shot"]["answer"] for r in rows] == [a.answer for a in zero]
+    # a rerun answers nothing and says so
+    assert main(["answer", str(files["sel"]), str(few), "--out", str(out), "--batch", "5", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["answered_now"] == 0 and again["answered_before"] == 12
+    # inputs without labels: answers only
+    unlabelled = write_jsonl(tmp_path / "nolabel.jsonl", [{"text": r["text"]} for r in
+                                                          map(json.loads, few.read_text().splitlines())])
+    assert main(["answer", str(files["sel"]), str(unlabelled), "--out", str(tmp_path / "nl"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert "accuracy" not in summary
+    rows_nl = [json.loads(line) for line in (tmp_path / "nl" / "predictions.jsonl").read_text().splitlines()]
+    assert [r["answer"] for r in rows_nl] == [r["answer"] for r in rows] and rows_nl[0]["correct"] is None
+
+
+def test_per_query_retrieval_saves_each_input_s_demonstrations(files, tmp_path, capsys, tiny):
+    few = small_inputs(files, tmp_path, n=6)
+    out = tmp_path / "bm25"
+    assert main(["answer", str(files["sel"]), str(few), "--out", str(out), "--per-query", "bm25", "--k", "2"]) == 0
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    selected = SelectedPrompt.load(files["sel"])
+    pool = selected.pool_examples()
+    inputs = read_inputs(few, selected.task_object())[0]
+    assert [r["pool_indices"] for r in rows] == bm25_prompts(pool, inputs, 2)
+    assert all(r["demonstrations"] == [pool[i].id for i in r["pool_indices"]] for r in rows)
+    model, tokenizer = tiny
+    for row, q in zip(rows, inputs):  # each input answered after its own prompt, encoded whole
+        own = from_pool(pool, row["pool_indices"], model="tiny-llama", task=selected.task_object(), method="bm25")
+        assert row["answer"] == answer_inputs_ref(model, tokenizer, own, [q])[0].answer
+
+
+def test_bad_inputs_get_errors_that_name_them(files, tmp_path, capsys):
+    out = tmp_path / "out"
+    few = small_inputs(files, tmp_path)
+    renamed = small_inputs(files, tmp_path, name="renamed.jsonl", text="review")
+    cases = [
+        (["answer", str(files["sel"]), str(renamed), "--out", str(out)],
+         "missing field 'text' (fields present: review, label); pass input_field="),
+        (["answer", str(files["sel"]), str(write_jsonl(tmp_path / "empty.jsonl", [{"text": "a", "label": "yes"},
+                                                                                 {"text": " ", "label": "no"}])),
+          "--out", str(out)], "line 2: field 'text' is ' '; expected a non-empty string or number; pass --skip-empty"),
+        (["answer", str(files["sel"]), str(write_jsonl(tmp_path / "mixed.jsonl", [{"text": "a", "label": "yes"},
+                                                                                 {"text": "b"}])),
+          "--out", str(out)], "line 2: no field 'label' while line 1 has one"),
+        (["answer", str(files["sel"]), str(write_jsonl(tmp_path / "wrong.jsonl", [{"text": "a", "label": "maybe"}])),
+          "--out", str(out)], "label 'maybe' is not one of no, yes"),
+        (["answer", str(tmp_path), str(few), "--out", str(out)], "is not a selection: expected selection.json"),
+        (["answer", str(files["sel"]), str(few), "--out", str(out), "--model", "tiny-qwen2"],
+         "model 'tiny-qwen2' differs from 'tiny-llama', the model selection"),
+        (["answer", str(files["sel"]), str(few), "--out", str(out), "--k", "2"], "--k 2 sets the demonstrations"),
+        (["answer", str(files["sel"]), str(few), "--out", str(out), "-o", "size=3"], "-o size: the inputs file takes"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        assert message in capsys.readouterr().err
+    assert main(["answer", str(files["sel"]), str(renamed), "--out", str(tmp_path / "renamed"), "-o",
+                 "input_field=review", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"] == 12
+    skipped = write_jsonl(tmp_path / "skip.jsonl", [{"text": "a", "label": "yes"}, {"text": "", "label": "no"}])
+    assert main(["answer", str(files["sel"]), str(skipped), "--out", str(tmp_path / "sk"), "--skip-empty"]) == 0
+    assert "skipped 1 row with an empty text or label (line 2)" in capsys.readouterr().err
+
+
+def test_compressed_prefix_is_refused_without_a_passed_verdict_unless_forced(files, tmp_path, capsys):
+    torch.manual_seed(0)
+    comp = tmp_path / "comp"
+    SSMCompressor(SSMCompressorConfig.for_teacher(tiny_model("llama").config, state_size=16, num_virtual=4,
+                                                  num_sink=2, latent_size=8)).save_pretrained(comp)
+    few = small_inputs(files, tmp_path, n=4)
+    argv = ["answer", str(files["sel"]), str(few), "--out", str(tmp_path / "c"), "--cache", "compressed",
+            "--compressor", str(comp)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"compressor {comp}: fidelity verdict not measured" in err and "--force to answer from it anyway" in err
+    assert main([*argv, "--force", "--json"]) == 0
+    assert "used because --force was given" in capsys.readouterr().err
+    assert main(["answer", str(files["sel"]), str(few), "--out", str(tmp_path / "n"), "--cache", "compressed"]) == 2
+    assert "read none and none is shipped for tiny-llama" in capsys.readouterr().err
+
+
+def test_a_partial_file_continues_only_with_the_settings_that_made_it(files, tmp_path, capsys):
+    few = small_inputs(files, tmp_path, n=10)
+    out = tmp_path / "out"
+    assert main(["answer", str(files["sel"]), str(few), "--out", str(out), "--batch", "4"]) == 0
+    capsys.readouterr()
+    whole = (out / "predictions.jsonl").read_text()
+    settings = json.loads((out / "answer_settings.json").read_text())
+    # a run stopped after one batch and a half-written line: the rerun answers the rest only
+    lines = whole.splitlines(keepends=True)
+    header = json.dumps({"header": "icl-ssm answer: partial predictions", "settings": settings}) + "\n"
+    (out / "predictions.jsonl").unlink()
+    (out / PARTIAL).write_text(header + "".join(lines[:4]) + lines[4][:20])
+    assert main(["answer", str(files["sel"]), str(few), "--out", str(out), "--batch", "4", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["answered_before"] == 4 and summary["answered_now"] == 6
+    assert (out / "predictions.jsonl").read_text() == whole and not (out / PARTIAL).exists()
+    # the same partial file, rerun with other settings: refused, naming what differs
+    (out / "predictions.jsonl").unlink()
+    (out / PARTIAL).write_text(header + "".join(lines[:4]))
+    assert main(["answer", str(files["sel"]), str(few), "--out", str(out), "--no-zero-shot"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / PARTIAL} was made with other settings (zero_shot: true then, false now)" in err
+    other = small_inputs(files, tmp_path, n=9, name="nine.jsonl")
+    assert main(["answer", str(files["sel"]), str(other), "--out", str(out)]) == 2
+    assert "was made with other settings (inputs: " in capsys.readouterr().err
+    with pytest.raises(ValueError, match="line 3: not a prediction"):
+        (out / PARTIAL).write_text(header + lines[0] + "nonsense\n" + lines[1])
+        PredictionsFile(out, settings).resume()
+
+
+def test_sigterm_halfway_then_rerun_answers_the_rest_and_equals_an_uninterrupted_run(files, tmp_path):
+    """The command in a subprocess over 1,000 inputs, stopped by SIGTERM once the partial file
+    holds some batches; the rerun answers only the rest, and its predictions.jsonl is byte for
+    byte an uninterrupted run's."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    out = tmp_path / "stopped"
+    argv = [sys.executable, "-m", "icl_ssm", "answer", str(files["sel"]), str(files["inputs"]), "--out", str(out),
+            "--batch", "8", "--no-zero-shot", "--json"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    partial = out / PARTIAL
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if partial.is_file() and partial.read_text().count("\n") > 1 + 8 * 5:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be stopped; use more inputs"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "icl-ssm answer: interrupted" in err
+    kept = partial.read_text().count("\n") - 1
+    assert 0 < kept < 1000 and kept % 8 == 0 and not (out / "predictions.jsonl").exists()
+    rerun = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    summary = json.loads(rerun.stdout)
+    assert summary["answered_before"] == kept and summary["answered_now"] == 1000 - kept
+    whole = tmp_path / "whole"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the subprocesses ran, so that the floats are the same to the bit
+    try:
+        assert main([*argv[3:-1], "--out", str(whole)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert (out / "predictions.jsonl").read_text() == (whole / "predictions.jsonl").read_text()
