@@ -74,3 +74,33 @@ def test_trust_records_count_runs_at_or_above_the_median():
             {"plain": {"at_or_above": 7, "count": 16, "shown_better": False}}]
     assert claims.trust_counts(runs) == {"runs": 3, "at_or_above_median": 2, "at_or_above_three_quarters": 1,
                                          "shown_better": 1}
+
+
+def test_p_values_print_two_decimals_or_one_significant_digit():
+    assert claims.p_text(0.0641) == "0.06"
+    assert claims.p_text(1.86e-4) == "2e-4"
+    assert claims.p_text(7.4e-6) == "7e-6"
+
+
+def test_orders_averaged_reads_one_report_of_a_joined_record_seed_by_seed():
+    row = lambda report, seed, order, acc: {"report": report, "method": "topk", "seed": seed,  # noqa: E731
+                                            "order": order, "test_accuracy": acc}
+    order = {"rows": [row("sq", 1, "random", 0.6), row("sq", 1, "random", 0.8), row("sq", 0, "random", 0.5),
+                      row("sq", 0, "score", 0.9), row("sq-pl", 0, "random", 0.1)]}
+    assert claims.orders_averaged(order, "sq") == {"topk": [0.5, pytest.approx(0.7)]}
+    assert claims.one_order(order, "score") == {"topk": [0.9]}
+
+
+def test_order_search_gain_is_the_chosen_order_minus_the_mean_random_order():
+    search = {"results": [{"method": "random", "seed": 1, "chosen": 0, "candidates": [
+        {"order": "score", "test_accuracy": 0.55}, {"order": "random", "test_accuracy": 0.7},
+        {"order": "random", "test_accuracy": 0.5}]}]}
+    assert claims.search_gains(search) == [("random", 1, pytest.approx(-0.05))]
+
+
+def test_exact_share_brackets_the_windows_that_meet_both_targets():
+    windows = {"16": (0.9, 0.05), "32": (0.7, 0.01), "64": (0.85, 0.015), "128": (0.95, 0.005)}
+    recency = {"prompt_tokens_mean": 100.0,
+               "rows": [{"cache": f"window: 4 sinks + last {w} tokens", "tokens": int(w) + 4} for w in windows],
+               "windows": {w: {"subset_loss_spearman": s, "kl": kl} for w, (s, kl) in windows.items()}}
+    assert claims.exact_share(recency) == (pytest.approx(0.36), pytest.approx(0.68))

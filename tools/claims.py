@@ -24,6 +24,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+from scipy.stats import f_oneway, ttest_1samp
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = "docs/results"
 PROVENANCE = ("command", "commit", "machine", "date", "torch", "transformers")
@@ -96,20 +98,116 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- statistics shared by tables
+
+def paired_p(diffs: list[float]) -> float:
+    """Two-sided p-value of a paired t-test, given the per-pair differences."""
+    return float(ttest_1samp(diffs, 0.0).pvalue)
+
+
+def p_text(p: float) -> str:
+    """A p-value as the tables print it: two decimals, one significant digit below 0.01 (``2e-4``)."""
+    if p >= 0.01:
+        return f"{p:.2f}"
+    mantissa, exponent = f"{p:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def spearman_brown(r: float, factor: float) -> float:
+    """The reliability ``r`` of a measure predicted for ``factor`` times as many items."""
+    return factor * r / (1 + (factor - 1) * r)
+
+
 # ---------------------------------------------------------------- readers shared by tables
 
-def orders_averaged(order: dict) -> dict[str, list[float]]:
-    """Per method, each seed's test accuracy averaged over its random prompt orders."""
-    per = defaultdict(lambda: defaultdict(list))
+METHODS = {"affinity": "affinity", "affinity:dense": "dense evaluator", "affinity:rank10": "G-rank10",
+           "affinity:si64rank10": "SI64-rank10", "random": "random", "bm25": "bm25", "topk": "topk",
+           "bridge": "BRIDGE", "zero-shot": "zero-shot"}
+BASELINES = ("random", "bm25", "topk")
+
+
+def random_orders(order: dict, report: str | None = None) -> dict[tuple[str, int], list[float]]:
+    """Per selected set ``(method, seed)``, its test accuracies in the random prompt orders of a
+    ``bench select-order`` record (only the sets of ``report`` when the record joins several)."""
+    per = defaultdict(list)
     for r in order["rows"]:
-        if r["order"] == "random":
-            per[r["method"]][r["seed"]].append(r["test_accuracy"])
-    return {m: [statistics.fmean(v) for _, v in sorted(seeds.items())] for m, seeds in per.items()}
+        if r["order"] == "random" and report in (None, r["report"]):
+            per[r["method"], r["seed"]].append(r["test_accuracy"])
+    return dict(per)
+
+
+def orders_averaged(order: dict, report: str | None = None) -> dict[str, list[float]]:
+    """Per method, each seed's test accuracy averaged over its random prompt orders."""
+    out = defaultdict(list)
+    for (method, _), accs in sorted(random_orders(order, report).items(), key=lambda kv: kv[0][1]):
+        out[method].append(statistics.fmean(accs))
+    return dict(out)
+
+
+def one_order(order: dict, name: str, report: str | None = None) -> dict[str, list[float]]:
+    """Per method, each seed's test accuracy in the one prompt order ``name`` (score, interleave)."""
+    out = defaultdict(list)
+    for r in sorted(order["rows"], key=lambda r: r["seed"]):
+        if r["order"] == name and report in (None, r["report"]):
+            out[r["method"]].append(r["test_accuracy"])
+    return dict(out)
 
 
 def test_size(order: dict, records: Records) -> str:
     seeds = sorted({r["seed"] for r in order["rows"]})
     return f"{order['provenance']['test_examples']} test examples x {len(seeds)} seeds x {order['permutations']} orders"
+
+
+def searched(search: dict) -> dict[str, list[float]]:
+    """Per method, each seed's test accuracy in the order that ``research/order_search.py`` chose."""
+    out = defaultdict(list)
+    for r in sorted(search["results"], key=lambda r: r["seed"]):
+        out[r["method"]].append(r["candidates"][r["chosen"]]["test_accuracy"])
+    return dict(out)
+
+
+def search_gains(search: dict) -> list[tuple[str, int, float]]:
+    """Per set ``(method, seed, gain)``: the searched order's test accuracy minus the set's mean over
+    the random orders among the candidates (the order averaged out)."""
+    out = []
+    for r in search["results"]:
+        rand = [c["test_accuracy"] for c in r["candidates"] if c["order"] == "random"]
+        out.append((r["method"], r["seed"], r["candidates"][r["chosen"]]["test_accuracy"] - statistics.fmean(rand)))
+    return out
+
+
+def fidelity(report: dict, path: str, metric: str):
+    """One metric of one path of an ``icl-ssm fidelity`` report (None where the report lacks it):
+    ``compressed``, ``control``, ``window`` (stored as prefixed keys) or an ``--also`` name."""
+    if path == "compressed":
+        return report.get("acc_compressed" if metric == "acc" else metric)
+    if path in ("control", "window"):
+        return report.get(f"{path}_{metric}")
+    return report["also"][path].get(metric)
+
+
+def rho(report: dict, path: str = "compressed") -> str:
+    """A path's subset-loss Spearman with dense, with its interval over subsets where stored."""
+    value = fidelity(report, path, "subset_loss_spearman")
+    interval = fidelity(report, path, "subset_loss_spearman_ci95")
+    return f"{value:.2f} {ci(interval)}" if interval else f"{value:.2f}"
+
+
+def held_out(report: dict) -> str:
+    """What a fidelity report's numbers rest on: its held-out subsets and validation queries."""
+    return f"{report['subsets']} subsets x {report['queries']} queries"
+
+
+def k20_seeds(records: Records) -> tuple[dict, dict]:
+    """The fidelity reports of the shipped k = 20 compressor G (training seed 0) and of seeds 1 and 2."""
+    return records("ssm-input-rotten_tomatoes-k20.json"), records("seeds-rotten_tomatoes-k20.json")
+
+
+def k20_paths(records: Records, metric: str) -> tuple[list[float], list[float]]:
+    """``metric`` of G and of its control over the three training seeds, seed 0 (shipped) first."""
+    g0, g12 = k20_seeds(records)
+    return ([fidelity(g0, "compressed", metric), fidelity(g12, "compressed", metric), fidelity(g12, "G-s2", metric)],
+            [fidelity(g0, "control", metric), fidelity(g12, "control", metric), fidelity(g12, "control-s2", metric)])
 
 
 def trust_counts(runs: list[dict]) -> dict[str, int]:
@@ -138,11 +236,8 @@ def readme_results(records: Records) -> str:
         "read at k = 50; counts do not vary between runs; "
         + link("select-cost-attention.json")])
 
-    g0 = records("ssm-input-rotten_tomatoes-k20.json")
-    g12 = records("seeds-rotten_tomatoes-k20.json")
-    seeds = [g0["subset_loss_spearman"], g12["subset_loss_spearman"], g12["also"]["G-s2"]["subset_loss_spearman"]]
-    controls = [g0["control_subset_loss_spearman"], g12["control_subset_loss_spearman"],
-                g12["also"]["control-s2"]["subset_loss_spearman"]]
+    g0, _ = k20_seeds(records)
+    seeds, controls = k20_paths(records, "subset_loss_spearman")
     rows.append([
         "subset ranking vs dense (Spearman), k = 20, 36 slots",
         f"{statistics.fmean(seeds):.2f} ± {sd(seeds):.2f} (3 training seeds; shipped: {seeds[0]:.2f} "
@@ -172,9 +267,7 @@ def readme_results(records: Records) -> str:
         acc = orders_averaged(order)
         if extra:
             acc.update(extra)
-        label = {"affinity": "affinity", "affinity:dense": "dense evaluator", "random": "random", "bm25": "bm25",
-                 "topk": "topk", "bridge": "BRIDGE", "zero-shot": "zero-shot"}
-        fmt = lambda ms: "; ".join(f"{label[m]} {mean_sd(acc[m])}" for m in ms if m in acc)  # noqa: E731
+        fmt = lambda ms: "; ".join(f"{METHODS[m]} {mean_sd(acc[m])}" for m in ms if m in acc)  # noqa: E731
         rows.append([measure, fmt(ours), fmt(beside),
                      f"{test_size(order, records)} (accuracy averaged over the orders, then mean ± sample sd over "
                      f"seeds); {link(name)}"])
@@ -253,9 +346,339 @@ def trust_runs(records: Records) -> str:
                   "vs median random [95% CI, test examples]", "zero-shot", "record"], rows)
 
 
+# ---------------------------------------------------------------- BENCHMARKS' summary tables
+
+BENCH = ["measure", "command", "machine", "measured", "goal", "record"]
+
+
+def cite(records: Records, pages: str, *names: str) -> str:
+    """The record column: the research pages, then a link to every record the row reads."""
+    return ", ".join([pages, *(records.link(n) for n in names)])
+
+
+def ranked(acc: dict[str, list[float]]) -> list[str]:
+    """``method mean ± sd`` (in %) for each method, highest mean first."""
+    return [f"{METHODS[m]} {mean_sd(acc[m])}" for m in sorted(acc, key=lambda m: -statistics.fmean(acc[m]))]
+
+
+def against_baselines(acc: dict[str, list[float]]) -> str:
+    """The selection target's comparison: both affinity evaluators, random, and the best baseline."""
+    best = max(BASELINES, key=lambda m: statistics.fmean(acc[m]))
+    return (f"affinity {mean_sd(acc['affinity'])}, dense evaluator {mean_sd(acc['affinity:dense'])}; "
+            f"random {mean_sd(acc['random'])}, best baseline {METHODS[best]} {mean_sd(acc[best])}")
+
+
+def paired_gain(diffs: list[float]) -> str:
+    """``+3.8 (paired t-test p = 0.06: not shown beyond chance)``: the mean difference in points, its test."""
+    p = paired_p(diffs)
+    return (f"{100 * statistics.fmean(diffs):+.1f} (paired t-test p = {p_text(p)}"
+            f"{': not shown beyond chance' if p >= 0.05 else ''})")
+
+
+def exact_share(recency: dict, spearman: float = 0.8, kl: float = 0.02) -> tuple[float, float]:
+    """The prompt shares of the largest exact window of ``research/recency.py`` that misses the
+    Spearman or KL target and of the smallest that meets both (tokens over the mean prompt)."""
+    tokens = {}
+    for r in recency["rows"]:
+        m = re.search(r"last (\d+) tokens", r["cache"])
+        if m:
+            tokens[m.group(1)] = r["tokens"]
+    share = {int(w): tokens[w] / recency["prompt_tokens_mean"] for w in recency["windows"]}
+    meets = {int(w): v["subset_loss_spearman"] >= spearman and v["kl"] <= kl for w, v in recency["windows"].items()}
+    first = min(w for w, ok in meets.items() if ok)
+    miss = max(w for w, ok in meets.items() if not ok and w < first)
+    return share[miss], share[first]
+
+
+def compressed_caches(records: Records) -> str:
+    """BENCHMARKS' 'Compressed caches': no row of it is stored as a record yet."""
+    return ("No measurement of this section is stored as a record under docs/results/ yet; "
+            "the rows below were measured by hand or computed from configs.")
+
+
+def distillation_fidelity(records: Records) -> str:
+    """BENCHMARKS' 'Distillation and fidelity'."""
+    rows = []
+    g0, _ = k20_seeds(records)
+    seeds, controls = k20_paths(records, "subset_loss_spearman")
+    rows.append([
+        "ranking, k = 20",
+        "`icl-ssm fidelity --task rotten_tomatoes --k 20 --compressor G --control Gc --subsets 30 --queries 32`",
+        "CPU",
+        f"G {mean_sd(seeds, 1, 2)} (3 training seeds; shipped seed {rho(g0)}); control {mean_sd(controls, 1, 2)}; "
+        f"window {rho(g0, 'window')}; {held_out(g0)}, intervals resample the subsets, ± sample sd over training seeds",
+        ">= 0.8, clearly above control and window",
+        cite(records, "[seeds](docs/research/distillation-recipe.md"
+                      "#spread-over-training-seeds-g-and-its-control-3-seeds-each)",
+             "ssm-input-rotten_tomatoes-k20.json", "seeds-rotten_tomatoes-k20.json")])
+
+    s0, s1 = records("k50-recent128-rotten_tomatoes.json"), records("k50-recent128-seed1-rotten_tomatoes.json")
+    control50 = [fidelity(s, "control", "subset_loss_spearman") for s in (s0, s1)]
+    big = records("ssm-input-rotten_tomatoes-k50-96x64.json")
+    rows.append([
+        "ranking, k = 50",
+        "`icl-ssm distill --k 50 --num-recent 128 --out G128`, then `icl-ssm fidelity --task rotten_tomatoes --k 50 "
+        "--compressor G128` (the rerun: `--subsets 96 --queries 64`)",
+        "CPU",
+        f"{held_out(s0)}: G128 {rho(s0)}, {rho(s1)} (2 training seeds); control "
+        f"{control50[0]:.2f}, {control50[1]:.2f}; "
+        f"window {rho(s0, 'window')}. **The shipped G128 rerun on {held_out(big)}: {rho(big)}; control "
+        f"{rho(big, 'control')}; window {rho(big, 'window')}**; intervals resample the subsets",
+        ">= 0.8",
+        cite(records, "[exact tokens](docs/research/exact-tokens.md#128-recent-tokens-at-k--50)",
+             "k50-recent128-rotten_tomatoes.json", "k50-recent128-seed1-rotten_tomatoes.json",
+             "ssm-input-rotten_tomatoes-k50-96x64.json")])
+
+    coin = records("gpu-coin_flip-k20-512ep.json")
+    rows.append([
+        "KL to the dense answer distribution", "`icl-ssm fidelity`", "CPU; H100 for `coin_flip`",
+        f"G {g0['kl']:.3f} (k = 20); G128 {s0['kl']:.3f}, {s1['kl']:.3f} (2 seeds); `coin_flip` {coin['kl']:.4f} "
+        f"(H100); {held_out(g0)}, `coin_flip` {held_out(coin)}",
+        "<= 0.02 nats",
+        cite(records, "[targets](docs/research/fidelity-targets.md)", "ssm-input-rotten_tomatoes-k20.json",
+             "k50-recent128-rotten_tomatoes.json", "k50-recent128-seed1-rotten_tomatoes.json",
+             "gpu-coin_flip-k20-512ep.json")])
+
+    r50 = records("recency-k50-rotten_tomatoes.json")
+    best = min(r50["windows"], key=lambda w: r50["windows"][w]["rel_logit_err"])
+    tokens = next(r["tokens"] for r in r50["rows"] if r["cache"].endswith(f"last {best} tokens"))
+    share = tokens / r50["prompt_tokens_mean"]
+    rows.append([
+        "relative error of the answer logits", "`icl-ssm fidelity`", "CPU",
+        f"G {pct(g0['rel_logit_err'])}%; G128 {pct(s0['rel_logit_err'])}%, {pct(s1['rel_logit_err'])}% (2 seeds); "
+        f"best exact window {pct(r50['windows'][best]['rel_logit_err'])}% (k = {r50['k']}, {pct(share, 0)}% of the "
+        f"prompt); {held_out(g0)}",
+        "<= 0.5%",
+        cite(records, "[targets](docs/research/fidelity-targets.md)", "ssm-input-rotten_tomatoes-k20.json",
+             "k50-recent128-rotten_tomatoes.json", "k50-recent128-seed1-rotten_tomatoes.json",
+             "recency-k50-rotten_tomatoes.json")])
+
+    acc, _ = k20_paths(records, "acc")
+    rows.append([
+        "accuracy from the cache vs dense", "`icl-ssm fidelity`", "CPU",
+        f"k = 20: {acc[0]:.3f} vs {g0['acc_dense']:.3f} (shipped; {min(acc):.3f}-{max(acc):.3f} over 3 seeds); "
+        f"k = 50: {s0['acc_compressed']:.3f}, {s1['acc_compressed']:.3f} vs {s0['acc_dense']:.3f} (2 seeds); "
+        f"{held_out(g0)}",
+        "drop <= 1 point",
+        cite(records, "[targets](docs/research/fidelity-targets.md)", "ssm-input-rotten_tomatoes-k20.json",
+             "seeds-rotten_tomatoes-k20.json", "k50-recent128-rotten_tomatoes.json",
+             "k50-recent128-seed1-rotten_tomatoes.json")])
+
+    r20 = records("recency-k20-rotten_tomatoes.json")
+    (miss20, meet20), (miss50, meet50) = exact_share(r20), exact_share(r50)
+    rows.append([
+        "exact share of the prompt for Spearman 0.8 and KL 0.02",
+        "`python research/recency.py REPORT.json --last ... --windows ...`", "CPU",
+        f"between {pct(miss20, 0)}% and {pct(meet20, 0)}% at k = 20, "
+        f"between {pct(miss50, 0)}% and {pct(meet50, 0)}% at k = 50 (the largest exact window measured that misses "
+        f"either target, the smallest that meets both; 1 seed, {held_out(r20)})",
+        "—",
+        cite(records, "[exact tokens](docs/research/exact-tokens.md)", "recency-k20-rotten_tomatoes.json",
+             "recency-k50-rotten_tomatoes.json")])
+
+    tail = records("tail-readout-k20-rotten_tomatoes.json")["runs"]
+    probes = [tail["C4"]["readout"], tail["C4s1"]["readout"]]
+    rows.append([
+        "best ranking without a dense prefill, k = 20 (a probe)",
+        "`python research/tail_readout.py TEACHER_CACHE REPORT.json --control`", "CPU",
+        f"{', '.join(rho(p) for p in probes)} (2 seeds); accuracy "
+        + ", ".join(f"{p['acc_compressed']:.2f}" for p in probes)
+        + f" (answers collapse); {held_out(g0)}, intervals resample the subsets",
+        ">= 0.8",
+        cite(records, "[ranking location](docs/research/ranking-location.md)",
+             "tail-readout-k20-rotten_tomatoes.json")])
+
+    rank10 = records("k50-rank10-rotten_tomatoes.json")
+    base50 = records("k50-rotten_tomatoes.json")
+    si = rank10["also"]["SI64-rank10"]
+    rows.append([
+        "ranking with the ranking weight 10, k = 50 (scale-invariant, 64 channels)",
+        "`icl-ssm distill --k 50 --lambda-rank 10 --system scale_invariant --channels 64`", "CPU",
+        f"{rho(rank10, 'SI64-rank10')}; over its control ({base50['control_subset_loss_spearman']:.2f} on the same "
+        f"subsets) {si['subset_loss_spearman'] - base50['control_subset_loss_spearman']:+.2f}; accuracy "
+        f"{100 * (rank10['acc_dense'] - si['acc']):.0f} points below dense; {held_out(rank10)}, the interval "
+        "resamples the subsets",
+        "—",
+        cite(records, "[k = 50](docs/research/k50-summary.md"
+                      "#the-right-statistic-handed-over-exactly-an-oracle-summary-k--50)",
+             "k50-rank10-rotten_tomatoes.json", "k50-rotten_tomatoes.json")])
+
+    names = ("rotten_tomatoes", "modular_addition", "coin_flip")
+    ablations = [records(f"ablation-{t}-k20.json") for t in names]
+
+    def pooled(path: str) -> float:  # label-balanced where the record stores it, as research/ablation_pooled.py
+        return statistics.fmean(fidelity(r, path, "subset_loss_spearman_balanced")
+                                or fidelity(r, path, "subset_loss_spearman") for r in ablations)
+
+    base = pooled("compressed")
+    rows.append([
+        "ablation over three tasks (k = 20): mean Spearman of each variant",
+        "`research/ablation.sh OUT TASK`, `python research/ablation_pooled.py ...`", "CPU",
+        f"scale-invariant {pooled('scale-invariant'):.2f} ({pooled('scale-invariant') - base:+.2f} over the base "
+        f"{base:.2f}); control {pooled('control'):.2f}; dt = 1: {pooled('dt1') - base:+.2f} against the base; "
+        f"mean over {', '.join(names)}, 1 training seed, {' / '.join(str(r['subsets']) for r in ablations)} subsets "
+        f"x {' / '.join(str(r['queries']) for r in ablations)} queries",
+        "the whole ablation in 2 h",
+        cite(records, "[ablations](docs/research/ablations.md#coin_flip-and-the-defaults-chosen-over-the-three-tasks)",
+             *(f"ablation-{t}-k20.json" for t in names))])
+    return table(BENCH, rows)
+
+
+def selection_quality(records: Records) -> str:
+    """BENCHMARKS' 'Selection quality'."""
+    rows = []
+    page_k20 = ("[prompt order](docs/research/prompt-order.md"
+                "#k--20-at-the-demos-scale-the-order-averaged-out-and-searched-3-seeds)")
+    k20 = records("select-order-perm8-k20-rotten_tomatoes.json")
+    rows.append([
+        "k = 20, pool 100, orders averaged (3 seeds)",
+        "`icl-ssm bench select-quality --compressor G --k 20 --seeds 0 1 2 --pool-size 100 --queries 8 --subsets 20 "
+        "--test-size 150`, then `bench select-order --permutations 8`",
+        "CPU, 2 threads",
+        f"{against_baselines(orders_averaged(k20))}; {test_size(k20, records)}",
+        "+5 over best baseline; compressed within 1 of dense",
+        cite(records, page_k20, "select-order-perm8-k20-rotten_tomatoes.json")])
+
+    s20 = records("order-search-k20-rotten_tomatoes.json")
+    chosen = searched(s20)
+    rows.append([
+        "same sets, every method's order searched",
+        "`python research/order_search.py SQ.json ORDER.json OUT.json --queries 32 --candidates 10`",
+        "CPU, 2 threads",
+        f"one order per set, chosen of {s20['candidates']} on {s20['queries']} validation queries: "
+        f"{against_baselines(chosen)}; {len(s20['results'])} sets, 3 seeds",
+        "—",
+        cite(records, page_k20, "order-search-k20-rotten_tomatoes.json")])
+
+    per_label = records("select-order-perm8-k20-per-label-rotten_tomatoes.json")
+    averaged, interleaved = orders_averaged(per_label), one_order(per_label, "interleave")
+    first, *rest = ranked(averaged)
+    top, *others = ranked(interleaved)
+    rows.append([
+        "k = 20, `--per-label` (3 seeds)",
+        "`bench select-quality ... --per-label`, then `bench select-order --permutations 8`",
+        "CPU, 2 threads",
+        f"orders averaged: {first} leads; {', '.join(rest)}. One order (`interleave`), where "
+        f"{top.rsplit(' ', 3)[0]} leads: {top}, {', '.join(others)}; {test_size(per_label, records)}",
+        "—",
+        cite(records, "[label balance](docs/research/label-balance.md)",
+             "select-order-perm8-k20-per-label-rotten_tomatoes.json")])
+
+    cr = records("select-order-perm4-k20-cr.json")
+    plain, balanced = random_orders(k20), random_orders(per_label)
+    diffs = {k: statistics.fmean(balanced[k]) - statistics.fmean(plain[k]) for k in plain}
+    by_seed = [100 * statistics.fmean(d for (_, s), d in diffs.items() if s == seed)
+               for seed in sorted({s for _, s in diffs})]
+    cr_plain, cr_balanced = random_orders(cr, "sq"), random_orders(cr, "sq-pl")
+    cr_diffs = [statistics.fmean(cr_balanced[k]) - statistics.fmean(cr_plain[k]) for k in cr_plain]
+    rows.append([
+        f"`--per-label` vs plain, orders averaged, {len(diffs)} sets "
+        f"({len({m for m, _ in diffs})} methods x {len(by_seed)} seeds)",
+        "same", "CPU",
+        f"Rotten Tomatoes {paired_gain(list(diffs.values()))}; by seed {', '.join(f'{d:+.1f}' for d in by_seed)}; "
+        f"`cr` {paired_gain(cr_diffs)}; each set's mean over {k20['permutations']} random orders "
+        f"(`cr`: {cr['permutations']}), 150 test examples",
+        "—",
+        cite(records, "[label balance](docs/research/label-balance.md)", "select-order-perm8-k20-rotten_tomatoes.json",
+             "select-order-perm8-k20-per-label-rotten_tomatoes.json", "select-order-perm4-k20-cr.json")])
+
+    k50 = records("select-order-perm8-k50-rotten_tomatoes.json")
+    acc50 = orders_averaged(k50)
+    means = [statistics.fmean(v) for v in acc50.values()]
+    sets50 = random_orders(k50)
+    anova = float(f_oneway(*sets50.values()).pvalue)
+    rows.append([
+        "k = 50, pool 200, 16 queries, orders averaged (3 seeds)",
+        "`bench select-quality --k 50 --pool-size 200 --subsets 40 ...`, then `bench select-order --permutations 8`",
+        "CPU, 2 threads",
+        f"every method {pct(min(means))}-{pct(max(means))}: affinity (36-slot compressor) "
+        f"{mean_sd(acc50['affinity'])}, dense evaluator {mean_sd(acc50['affinity:dense'])}, "
+        f"random {mean_sd(acc50['random'])}; "
+        f"one-way ANOVA over the {len(sets50)} sets' orders p = {p_text(anova)}; {test_size(k50, records)}",
+        "—",
+        cite(records, "[prompt order](docs/research/prompt-order.md"
+                      "#the-order-averaged-out-eight-random-orders-per-selection-k--50)",
+             "select-order-perm8-k50-rotten_tomatoes.json")])
+
+    def gains(search: dict, k: int) -> str:
+        g = search_gains(search)
+        lost = ", ".join(f"{METHODS[m]} seed {s} {100 * d:+.1f}" for m, s, d in g if d < 0)
+        return (f"{100 * statistics.fmean(d for *_, d in g):+.1f} at k = {k} ({sum(d > 0 for *_, d in g)} of {len(g)} "
+                f"sets better, paired t-test p = {p_text(paired_p([d for *_, d in g]))}; lost: {lost or 'none'})")
+
+    s50 = records("order-search-k50-rotten_tomatoes.json")
+    rows.append([
+        "`--order search` gain over the order averaged out", "`python research/order_search.py ...`",
+        "CPU, 2 threads",
+        f"on average {gains(s20, 20)}; {gains(s50, 50)}; the chosen order of {s20['candidates']} on "
+        f"{s20['queries']} validation queries against the mean of the random ones",
+        "—",
+        cite(records, "[prompt order](docs/research/prompt-order.md"
+                      "#choosing-the-order-on-the-validation-queries---order-search-k--50)",
+             "order-search-k20-rotten_tomatoes.json", "order-search-k50-rotten_tomatoes.json")])
+
+    rows.append([
+        "`cr`, k = 20, orders averaged (3 seeds)", "`bench select-quality --tasks cr ...`", "CPU, 1 thread",
+        f"{against_baselines(orders_averaged(cr, 'sq'))}; {test_size(cr, records)}",
+        "—",
+        cite(records, "[label balance](docs/research/label-balance.md)", "select-order-perm4-k20-cr.json")])
+
+    head = records("headroom-k20.json")
+    edge = records("headroom-k20-edge_existence-10sets.json")
+    tasks = {**head["tasks"], **edge["tasks"]}
+    name = lambda t: "Rotten Tomatoes" if t == "rotten_tomatoes" else f"`{t}`"  # noqa: E731
+    rows.append([
+        f"what there is to select: best of {head['tasks']['rotten_tomatoes']['sets']} random {head['k']}-sets over the "
+        "mean set",
+        "`icl-ssm bench headroom --tasks rotten_tomatoes cr coin_flip modular_addition --k 20 --sets 30 "
+        "--test-size 200`",
+        "CPU, 1 thread",
+        ", ".join(f"{name(t)} {100 * v['best_minus_mean']:+.1f}" for t, v in tasks.items())
+        + f"; {head['tasks']['rotten_tomatoes']['sets']} sets x {head['test_size']} test examples "
+        f"(`edge_existence` {edge['tasks']['edge_existence']['sets']} x {edge['test_size']})",
+        "—",
+        cite(records, "[headroom](docs/research/headroom.md)", "headroom-k20.json",
+             "headroom-k20-edge_existence-10sets.json")])
+
+    q32 = records("select-k50-q32-balanced-rotten_tomatoes.json")
+    q96 = records("select-k50-q96-balanced-rotten_tomatoes.json")
+    split32 = {a["seed"]: a["dense_split_half"] for a in q32["agreement"]}
+    (split96,) = [a["dense_split_half"] for a in q96["agreement"]]
+    n32, n96 = q32["settings"]["queries"], q96["settings"]["queries"]
+    rows.append([
+        "dense ranking's reliability (k = 50, split-half)",
+        "`bench select-quality --queries 96 ...`, `python research/reliability.py`", "CPU, 2 threads",
+        f"{min(split32.values()):.2f}-{max(split32.values()):.2f} at {n32} queries ({len(split32)} seeds); "
+        f"{split96:.2f} at {n96} (1 seed), Spearman-Brown from seed 0's {split32[0]:.2f} at {n32} predicts "
+        f"{spearman_brown(split32[0], n96 / n32):.2f}; {q32['settings']['subsets']} subsets a seed",
+        "—",
+        cite(records, "[k = 50](docs/research/selection-k50.md)", "select-k50-q32-balanced-rotten_tomatoes.json",
+             "select-k50-q96-balanced-rotten_tomatoes.json")])
+
+    cells = {}
+    for name in ("estimators-k8-dense-rotten_tomatoes.json", "estimators-k8-dense-per-label-rotten_tomatoes.json"):
+        for r in records(name)["rows"]:
+            if r["estimator"] in ("mean", "ridge"):
+                cells[r["seed"], r["subsets"], r["estimator"]] = r["test_accuracy"]
+    pairs = sorted({(s, m) for s, m, _ in cells})
+    diffs = [cells[s, m, "ridge"] - cells[s, m, "mean"] for s, m in pairs]
+    rows.append([
+        "estimators: ridge vs the paper's mean (dense evaluator, k = 8)",
+        "`icl-ssm bench estimators --evaluator dense --k 8 --budgets 30 60 120 --permutations 4`", "CPU, 2 threads",
+        f"level: paired {100 * statistics.fmean(diffs):+.1f} points ({len({s for s, _ in pairs})} seeds x "
+        f"{len({m for _, m in pairs})} budgets, ridge minus mean)",
+        "at most half the subsets",
+        cite(records, "[estimators](docs/research/estimators.md)", "estimators-k8-dense-rotten_tomatoes.json",
+             "estimators-k8-dense-per-label-rotten_tomatoes.json")])
+    return table(BENCH, rows)
+
+
 TABLES: dict[str, tuple[str, Callable[[Records], str]]] = {
     "results": ("README.md", readme_results),
     "trust-runs": ("BENCHMARKS.md", trust_runs),
+    "compressed-caches": ("BENCHMARKS.md", compressed_caches),
+    "distillation": ("BENCHMARKS.md", distillation_fidelity),
+    "selection-quality": ("BENCHMARKS.md", selection_quality),
 }
 
 
