@@ -26,7 +26,6 @@ from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.tiny import tiny_model
 from icl_ssm.select.per_query import bm25_prompts
-from icl_ssm.select.selected import from_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,7 +74,8 @@ def test_shared_prefix_answers_as_the_whole_prompt_re_encoded(tmp_path, tiny, la
     task = get_task("coin_flip", size=60) if labels is None else user_task(tmp_path, labels, kind)
     data = split(task, pool_size=12, seed=0)
     options = {} if labels is None else {"kind": kind}
-    selected = from_pool(data.pool, [4, 0, 7], model="tiny-llama", task=task, method="random", task_options=options)
+    selected = SelectedPrompt.from_pool(data.pool, [4, 0, 7], model="tiny-llama", task=task, method="random",
+                                        task_options=options)
     inputs = data.test[:7]
     builder = PromptBuilder.for_model(model, tokenizer, task)
     if kind == "classification":
@@ -99,7 +99,7 @@ def test_the_compressed_prefix_answers_from_the_compressor_cache(tmp_path, tiny)
     model, tokenizer = tiny
     task = get_task("coin_flip", size=60)
     data = split(task, pool_size=12, seed=0)
-    selected = from_pool(data.pool, [4, 0, 7], model="tiny-llama", task=task, method="random")
+    selected = SelectedPrompt.from_pool(data.pool, [4, 0, 7], model="tiny-llama", task=task, method="random")
     torch.manual_seed(0)
     compressor = SSMCompressor(SSMCompressorConfig.for_teacher(model.config, state_size=16, num_virtual=4,
                                                                num_sink=2, latent_size=8))
@@ -223,7 +223,8 @@ def test_per_query_retrieval_saves_each_input_s_demonstrations(files, tmp_path, 
     assert all(r["demonstrations"] == [pool[i].id for i in r["pool_indices"]] for r in rows)
     model, tokenizer = tiny
     for row, q in zip(rows, inputs):  # each input answered after its own prompt, encoded whole
-        own = from_pool(pool, row["pool_indices"], model="tiny-llama", task=selected.task_object(), method="bm25")
+        own = SelectedPrompt.from_pool(pool, row["pool_indices"], model="tiny-llama", task=selected.task_object(),
+                                       method="bm25")
         assert row["answer"] == answer_inputs_ref(model, tokenizer, own, [q])[0].answer
 
 

@@ -21,7 +21,7 @@ from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.tiny import tiny_tokenizer
-from icl_ssm.select.selected import from_pool
+from icl_ssm.select.selected import SelectedPrompt
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def selection(tmp_path_factory):
     task = get_task(str(data), instruction="Classify the {sentiment}.", input_prefix="Review: ",
                     output_prefix="Sentiment:")
     splits = split(task, pool_size=12, seed=0)
-    selected = from_pool(splits.pool, [3, 0, 5], model="tiny-llama", task=task, method="random",
+    selected = SelectedPrompt.from_pool(splits.pool, [3, 0, 5], model="tiny-llama", task=task, method="random",
                          task_options={"instruction": "Classify the {sentiment}.", "input_prefix": "Review: ",
                                        "output_prefix": "Sentiment:"})
     selected.save(root / "sel", files=True)

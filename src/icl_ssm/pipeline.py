@@ -47,7 +47,7 @@ from icl_ssm.select.check import ZERO_SHOT, check_prompts, hand_over
 from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.evaluators import RELIABILITY_TARGET
 from icl_ssm.select.run import EVALUATED, SelectConfig, select_demonstrations, selected_rows
-from icl_ssm.select.selected import compressor_fidelity, from_pool, pool_spec
+from icl_ssm.select.selected import SelectedPrompt, compressor_fidelity, pool_spec
 
 DEFAULT_METHODS = ("search", "affinity", "random", "bm25", "topk")
 SEARCH_SCREENS = ("auto", "compressed", "dense", "none")  # auto: compressed unless the fidelity verdict is dense
@@ -453,9 +453,10 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict | None, 
     task = get_task(cfg.task, **cfg.task_options)
     made = pool_spec(pool, size=cfg.pool_size, seed=cfg.seed, k=cfg.k,
                      min_validation=held_out_start(cfg) + cfg.check_size)
-    from_pool(pool, handed["indices"], model=cfg.model, task=task, method=handed["name"],
-              task_options=cfg.task_options, pool_made=made, compressor=comp["compressor"],
-              fidelity=compressor_fidelity(comp["compressor"], verdict)).save(out)  # what icl-ssm answer loads
+    handed_over = SelectedPrompt.from_pool(pool, handed["indices"], model=cfg.model, task=task, method=handed["name"],
+                                           task_options=cfg.task_options, pool_made=made, compressor=comp["compressor"],
+                                           fidelity=compressor_fidelity(comp["compressor"], verdict))
+    handed_over.save(out)  # selection.json: what icl-ssm answer loads
     builder = PromptBuilder.for_model(model, tokenizer, task)
     atomic.write_text(out / "prompt.txt", builder.build_prefix([pool[i] for i in handed["indices"]]).text)
     dense = selections.get("affinity-dense")

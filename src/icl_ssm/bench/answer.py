@@ -65,7 +65,7 @@ def bench_setup(cfg: AnswerBenchConfig, model, tokenizer):
     from icl_ssm.data.splits import split
     from icl_ssm.data.tasks import get_task
     from icl_ssm.select.base import arrange, order_rng, top_k_per_label
-    from icl_ssm.select.selected import from_pool
+    from icl_ssm.select.selected import SelectedPrompt
 
     task = get_task(cfg.task, **cfg.task_options)
     splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, test_size=cfg.inputs)
@@ -73,7 +73,8 @@ def bench_setup(cfg: AnswerBenchConfig, model, tokenizer):
     labels = [e.target for e in pool]
     chosen = top_k_per_label(np.random.default_rng(cfg.seed).random(len(pool)), labels, cfg.k)
     indices = arrange(chosen, [labels[i] for i in chosen], "interleave", order_rng(cfg.seed))
-    selected = from_pool(pool, indices, model=cfg.model, task=task, method="random", task_options=cfg.task_options)
+    selected = SelectedPrompt.from_pool(pool, indices, model=cfg.model, task=task, method="random",
+                                        task_options=cfg.task_options)
     return selected, list(splits.test[: cfg.inputs]), task
 
 

@@ -47,7 +47,7 @@ from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.evaluators import RELIABILITY_TARGET, CacheEvaluator
 from icl_ssm.select.per_query import PER_QUERY_METHODS, per_query_selection
 from icl_ssm.select.search import SCREENS, PromptSearch
-from icl_ssm.select.selected import SelectedPrompt, compressor_fidelity, from_pool, pool_spec
+from icl_ssm.select.selected import SelectedPrompt, compressor_fidelity, pool_spec
 
 EVALUATORS = ("compressed", "dense", "dense-per-query")
 EVALUATED = ("affinity", "bridge")  # the methods that score subsets with an evaluator (--evaluator)
@@ -390,8 +390,9 @@ def selected_prompt(cfg: SelectConfig, pool: Sequence[Example], indices: Sequenc
     task = get_task(cfg.task, **cfg.task_options)
     compressor = cfg.compressor if uses_compressor(cfg) else None
     made = pool_spec(pool, size=cfg.pool_size, seed=cfg.seed, k=cfg.k, min_validation=selection_queries(cfg))
-    return from_pool(pool, indices, model=cfg.model, task=task, method=cfg.method, task_options=cfg.task_options,
-                     chat=cfg.chat, pool_made=made, compressor=compressor, fidelity=compressor_fidelity(compressor))
+    return SelectedPrompt.from_pool(pool, indices, model=cfg.model, task=task, method=cfg.method,
+                                    task_options=cfg.task_options, chat=cfg.chat, pool_made=made,
+                                    compressor=compressor, fidelity=compressor_fidelity(compressor))
 
 
 def with_shipped_compressor(cfg: SelectConfig) -> SelectConfig:

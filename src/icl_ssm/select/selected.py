@@ -156,6 +156,18 @@ class SelectedPrompt:
 
     # ------------------------------------------------------------------ saving and loading
 
+    @staticmethod
+    def from_pool(pool: Sequence[Example], indices: Sequence[int], *, model: str, task: Task,
+                  method: str | None = None, task_options: dict[str, Any] | None = None, chat: bool = False,
+                  pool_made: dict[str, Any] | None = None, compressor: str | None = None,
+                  fidelity: dict[str, Any] | None = None) -> SelectedPrompt:
+        """The selection of ``pool[i] for i in indices`` (prompt order) for ``model`` and ``task``
+        (built with ``task_options``); ``pool_made``: :func:`pool_spec`."""
+        demos = [Demonstration(pool[i].id, pool[i].input, pool[i].target, int(i)) for i in indices]
+        name = str(Path(task.name).resolve()) if Path(task.name).is_file() else task.name  # a user file, from anywhere
+        return SelectedPrompt(model, name, demos, dict(task_options or {}), task_template(task), chat, pool_made,
+                              compressor, fidelity, method)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("source")
@@ -269,16 +281,6 @@ def pool_spec(pool: Sequence[Example], *, size: int, seed: int, k: int, min_vali
     """``SelectedPrompt.pool``: the :func:`~icl_ssm.data.splits.split` arguments that made ``pool``
     and the hash of its ids."""
     return {"size": size, "seed": seed, "k": k, "min_validation": min_validation, "ids_sha256": ids_hash(pool)}
-
-
-def from_pool(pool: Sequence[Example], indices: Sequence[int], *, model: str, task: Task, method: str | None,
-              task_options: dict[str, Any] | None = None, chat: bool = False, pool_made: dict[str, Any] | None = None,
-              compressor: str | None = None, fidelity: dict[str, Any] | None = None) -> SelectedPrompt:
-    """The selection of ``pool[i] for i in indices`` (prompt order) for ``model`` and ``task``."""
-    demos = [Demonstration(pool[i].id, pool[i].input, pool[i].target, int(i)) for i in indices]
-    name = str(Path(task.name).resolve()) if Path(task.name).is_file() else task.name  # a user file, from anywhere
-    return SelectedPrompt(model, name, demos, dict(task_options or {}), task_template(task), chat,
-                          pool_made, compressor, fidelity, method)
 
 
 def compressor_fidelity(compressor: str | None, verdict: dict[str, Any] | None = None) -> dict[str, Any] | None:
