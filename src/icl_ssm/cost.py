@@ -6,6 +6,7 @@ set of a fresh subprocess, since a long-lived process's RSS high-water mark neve
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue as queue_module
 import resource
 import time
 from collections.abc import Callable, Iterator
@@ -134,23 +135,74 @@ class ShapeFlops:
         return int(round(batch * float(np.interp(length, known, [self.per_row[t] for t in known]))))
 
 
-def _peak_rss_self() -> int:
-    """This process's peak RSS in bytes. ``VmHWM`` belongs to the address space, which exec
-    replaces; ``ru_maxrss`` survives exec on Linux and would report the parent's peak."""
+def _status_bytes(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` in bytes; None where there is none (not Linux)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return None
+
+
+def rss_bytes() -> int:
+    """This process's resident set now, in bytes (0 where ``/proc`` is not there)."""
+    return _status_bytes("VmRSS") or 0
+
+
+def track_freed_memory() -> bool:
+    """Make glibc return every allocation of 64 KiB or more to the system when it is freed
+    (``mallopt(M_MMAP_THRESHOLD)``), so that the resident set follows the live tensors rather
+    than what the heap keeps for reuse. For a process that measures memory, not time (every large
+    allocation then maps fresh pages). False where the C library is not glibc."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(-3, 64 * 1024))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
+@contextmanager
+def rss_peak() -> Iterator[dict]:
+    """``with rss_peak() as peak: ...`` fills ``peak["start_bytes"]`` (the resident set as the block
+    starts) and ``peak["peak_bytes"]`` (its highest during the block), in bytes, on Linux.
+
+    The kernel's high-water mark (``VmHWM``) is reset as the block starts (``/proc/self/clear_refs``)
+    after the heap's free memory is handed back (``malloc_trim``); with :func:`track_freed_memory`
+    the resident set then counts live allocations only. Raises OSError where the mark cannot be reset.
+    """
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current VmRSS
+    out = {"start_bytes": rss_bytes()}
+    try:
+        yield out
+    finally:
+        out["peak_bytes"] = _status_bytes("VmHWM") or 0
+
+
+def _peak_rss_self() -> int:
+    """This process's peak RSS in bytes. ``VmHWM`` belongs to the address space, which exec
+    replaces; ``ru_maxrss`` survives exec on Linux and would report the parent's peak."""
+    peak = _status_bytes("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _child(fn: Callable, args: tuple, queue) -> None:
     try:
-        fn(*args)
-        queue.put(("ok", _peak_rss_self()))
+        result = fn(*args)
+        queue.put(("ok", (_peak_rss_self(), result)))
     except BaseException as err:  # reported to the parent, which raises
         queue.put(("error", f"{type(err).__name__}: {err}"))
 
@@ -160,26 +212,33 @@ def _idle() -> None:
 
 
 def peak_rss(fn: Callable, *args, baseline: bool = True) -> dict:
-    """Peak RSS in bytes of ``fn(*args)`` run in a fresh (spawned) process.
+    """Peak RSS in bytes of ``fn(*args)`` run in a fresh (spawned) process, and what ``fn``
+    returned (``result``; it must pickle).
 
     ``fn`` and ``args`` must be picklable (a module-level function). With ``baseline``, the
     peak of a process that only imports torch is subtracted as well and reported beside it.
     """
     ctx = mp.get_context("spawn")
 
-    def run(target, target_args) -> int:
+    def run(target, target_args) -> tuple[int, object]:
         queue = ctx.Queue()
         proc = ctx.Process(target=_child, args=(target, target_args, queue))
         proc.start()
-        status, value = queue.get()
+        while True:  # a child that dies without reporting (killed, out of memory) must not hang the parent
+            try:
+                status, value = queue.get(timeout=1.0)
+                break
+            except queue_module.Empty:
+                if not proc.is_alive():
+                    raise RuntimeError(f"peak_rss child exited with code {proc.exitcode} before reporting") from None
         proc.join()
         if status != "ok":
             raise RuntimeError(f"peak_rss child failed: {value}")
         return value
 
-    peak = run(fn, args)
-    out = {"peak_rss_bytes": peak}
+    peak, result = run(fn, args)
+    out = {"peak_rss_bytes": peak, "result": result}
     if baseline:
-        base = run(_idle, ())
+        base, _ = run(_idle, ())
         out.update(baseline_rss_bytes=base, delta_rss_bytes=peak - base)
     return out

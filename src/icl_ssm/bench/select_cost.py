@@ -9,13 +9,14 @@ one run.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
 
 from icl_ssm.bench.selection import load, log
 from icl_ssm.data.splits import split
-from icl_ssm.data.tasks import get_task
+from icl_ssm.data.tasks import Example, get_task
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.evaluators import CacheEvaluator, PerQueryDenseEvaluator, SubsetEvaluator
 from icl_ssm.select.sampling import balanced_subsets
@@ -39,24 +40,46 @@ def select_cost(args: argparse.Namespace) -> dict:
         if k <= args.per_query_max_k:
             evaluators["dense-per-query"] = PerQueryDenseEvaluator(model, builder, batch=args.query_batch)
         lengths = [len(builder.build_prefix([splits.pool[i] for i in s]).input_ids) for s in subsets[1:]]
-        for name, ev in evaluators.items():
-            ev.evaluate(splits.pool, validation, subsets[:1])  # warm-up, not counted
-            n = len(subsets) - 1
-            counted = _with_flops(ev, "count").evaluate(splits.pool, validation, subsets[1:])  # FLOPs
-            timed = _with_flops(ev, "off").evaluate(splits.pool, validation, subsets[1:])  # seconds, no counter
-            rows.append({"k": k, "evaluator": name, "prompt_tokens": float(np.mean(lengths)),
-                         "flops_per_subset": counted.cost.flops / n, "seconds_per_subset": timed.cost.seconds / n,
-                         "seconds_per_subset_counting": counted.cost.seconds / n,
-                         "tokens_per_subset": timed.tokens / n})
-            log(f"k={k} {name}: {counted.cost.flops / n / 1e9:.1f} GFLOP, {timed.cost.seconds / n:.2f} s per subset "
-                 f"({counted.cost.seconds / n:.2f} s with the FLOP counter)")
-    for r in rows:  # against the compressed evaluator on the same query path (per-query: the batched one)
+        rows += evaluator_rows(evaluators, splits.pool, validation, subsets, k, float(np.mean(lengths)))
+    compare(rows)
+    return {"model": args.model, "task": args.task, "queries": len(validation), "subsets": args.subsets,
+            "rows": rows}
+
+
+def evaluator_rows(evaluators: dict[str, SubsetEvaluator], pool: Sequence[Example], validation: Sequence[Example],
+                   subsets: Sequence[Sequence[int]], k: int, prompt_tokens: float, warmup: bool = True,
+                   say: Callable[[str], None] = log) -> list[dict]:
+    """One row per evaluator: FLOPs per subset of ``subsets[1:]`` from a pass under the counter,
+    seconds per subset from a pass without it (and with it, beside), after a warm-up on
+    ``subsets[0]`` (``warmup=False``: none; the counted pass then warms the timed one up). On a
+    GPU the row also has the timed pass's ``peak_bytes`` (``torch.cuda.max_memory_allocated``)."""
+    rows = []
+    for name, ev in evaluators.items():
+        if warmup:
+            ev.evaluate(pool, validation, subsets[:1])  # warm-up, not counted
+        n = len(subsets) - 1
+        counted = _with_flops(ev, "count").evaluate(pool, validation, subsets[1:])  # FLOPs
+        timed = _with_flops(ev, "off").evaluate(pool, validation, subsets[1:])  # seconds, no counter
+        row = {"k": k, "evaluator": name, "prompt_tokens": prompt_tokens,
+               "flops_per_subset": counted.cost.flops / n, "seconds_per_subset": timed.cost.seconds / n,
+               "seconds_per_subset_counting": counted.cost.seconds / n, "tokens_per_subset": timed.tokens / n}
+        if timed.cost.peak_bytes is not None:
+            row["peak_bytes"] = timed.cost.peak_bytes
+        rows.append(row)
+        say(f"k={k} {name}: {counted.cost.flops / n / 1e9:.1f} GFLOP, {timed.cost.seconds / n:.2f} s per subset "
+            f"({counted.cost.seconds / n:.2f} s with the FLOP counter)")
+    return rows
+
+
+def compare(rows: list[dict]) -> None:
+    """Each row's FLOPs and seconds against the compressed evaluator's at its ``k`` on the same
+    query path (``-packed`` rows against ``compressed-packed``, the others, per-query included,
+    against ``compressed``): ``flops_vs_compressed`` and ``seconds_vs_compressed``, in place."""
+    for r in rows:
         path = "compressed-packed" if r["evaluator"].endswith("-packed") else "compressed"
         comp = next(c for c in rows if c["k"] == r["k"] and c["evaluator"] == path)
         r["flops_vs_compressed"] = r["flops_per_subset"] / comp["flops_per_subset"]
         r["seconds_vs_compressed"] = r["seconds_per_subset"] / comp["seconds_per_subset"]
-    return {"model": args.model, "task": args.task, "queries": len(validation), "subsets": args.subsets,
-            "rows": rows}
 
 
 def _with_flops(ev: SubsetEvaluator, mode: str) -> SubsetEvaluator:

@@ -1,17 +1,28 @@
-"""The selection kinds of ``icl-ssm bench`` (select-cost, select-quality, estimators, select-order,
-headroom): their flags, over the modules of :mod:`icl_ssm.bench.selection`."""
+"""The selection kinds of ``icl-ssm bench`` (select-cost, scale, select-quality, estimators,
+select-order, headroom): their flags, over the modules of :mod:`icl_ssm.bench.selection`."""
 
 from __future__ import annotations
 
 import argparse
 
+import torch
+
 from icl_ssm import atomic
 from icl_ssm.bench.estimators import estimators, estimators_markdown, estimators_sim
 from icl_ssm.bench.headroom import headroom, headroom_markdown
+from icl_ssm.bench.scale import (
+    PAPER_SHAPES,
+    SHAPES,
+    ScaleConfig,
+    SyntheticPrompts,
+    run_scale,
+    scale_markdown,
+)
 from icl_ssm.bench.select_cost import select_cost, select_cost_markdown
 from icl_ssm.bench.select_order import select_order, select_order_markdown
 from icl_ssm.bench.select_quality import select_quality, select_quality_markdown
 from icl_ssm.lm.models import DEFAULT_MODEL
+from icl_ssm.pipeline import RunConfig
 from icl_ssm.select.base import ARRANGE_ORDERS
 from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.run import ORDERS
@@ -27,6 +38,57 @@ def _run(fn, markdown):
         return 0
 
     return go
+
+
+def _k(value: str) -> int | str:
+    return value if value == "max" else int(value)
+
+
+def _run_scale(args: argparse.Namespace) -> int:
+    shapes = [s for name in args.shapes for s in (PAPER_SHAPES if name == "paper" else (name,))]
+    cfg = ScaleConfig(shapes=tuple(shapes), k=tuple(args.k), queries=args.queries,
+                      prompts=SyntheticPrompts(args.demo_tokens, args.query_tokens), subsets=args.subsets,
+                      batch=args.batch, query_batch=args.query_batch, per_query_queries=args.per_query_queries,
+                      per_query_max_k=args.per_query_max_k, device=args.device, dtype=args.dtype, memory=args.memory,
+                      max_memory_gib=args.max_memory_gib, max_prompt_tokens=args.max_prompt_tokens,
+                      time_budget_s=args.time_budget_s, distill=args.distill, project_only=args.project_only,
+                      seed=args.seed)
+    if args.out:
+        atomic.prepare_dir(args.out)  # a bad --out is refused before the minutes of the run
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = run_scale(cfg)
+    result["provenance"] = provenance(" ".join(["icl-ssm", *getattr(args, "argv", ["bench", "scale"])]), cfg.device)
+    text = atomic.write_result(args.out, "scale", result, scale_markdown) if args.out else scale_markdown(result)
+    print(text)
+    return 0
+
+
+def provenance(command: str, device: str) -> dict:
+    """A record's provenance: the command, commit, machine, date and library versions
+    (:func:`icl_ssm.bench.trust.environment`), the device's name and the files that differed
+    from the commit when it ran."""
+    import os
+    import platform
+    import subprocess
+    from pathlib import Path
+
+    from icl_ssm.bench.trust import environment
+
+    if torch.device(device).type == "cuda":
+        name = torch.cuda.get_device_name(torch.device(device))
+    else:
+        name = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+        except OSError:
+            pass
+        name = f"{name}, {os.cpu_count()} cores"
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.split("\n")
+    return {"command": command, **environment(), "device_name": name,
+            "modified_files": [line[3:] for line in status if line.strip()]}
 
 
 def add_kinds(kinds: argparse._SubParsersAction) -> None:
@@ -47,6 +109,37 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--per-query-max-k", type=int, default=50, help="largest k the per-query evaluator runs at")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_run(select_cost, select_cost_markdown))
+
+    p = kinds.add_parser("scale", formatter_class=fmt,
+                         help="selection cost at the paper's model sizes on random weights: FLOPs, seconds and memory "
+                              "per subset, the cache build, a distillation step")
+    p.add_argument("--shapes", nargs="+", default=["qwen2.5-0.5b"], choices=[*SHAPES, "paper"], metavar="SHAPE",
+                   help=f"model shapes (paper: {' '.join(PAPER_SHAPES)}); accepted: {', '.join(SHAPES)}")
+    p.add_argument("--k", type=_k, nargs="+", default=[20, 50],
+                   help="demonstrations per prompt; 'max': the most that fit the context (and --max-prompt-tokens)")
+    p.add_argument("--queries", type=int, default=RunConfig.queries, help="validation queries per subset (run's)")
+    p.add_argument("--demo-tokens", type=int, default=SyntheticPrompts.demo_tokens, help="tokens per demonstration")
+    p.add_argument("--query-tokens", type=int, default=SyntheticPrompts.query_tokens, help="tokens per query")
+    p.add_argument("--subsets", type=int, default=1, help="measured subsets per case")
+    p.add_argument("--batch", type=int, default=1, help="subsets encoded together (0: as many as fit, GPU)")
+    p.add_argument("--query-batch", type=int, default=32)
+    p.add_argument("--per-query-queries", type=int, default=2,
+                   help="queries the dense per-query evaluator runs on (its cost scaled to --queries)")
+    p.add_argument("--per-query-max-k", type=int, default=50, help="largest k the per-query evaluator runs at")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--no-memory", dest="memory", action="store_false",
+                   help="no peak memory (on the CPU it costs a child process that runs every case again)")
+    p.add_argument("--max-memory-gib", type=float, default=None,
+                   help="refuse a shape that would need more (default: the memory free on the device)")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="cap of --k max")
+    p.add_argument("--time-budget-s", type=float, default=None, help="cases left when it is spent are skipped")
+    p.add_argument("--no-distill", dest="distill", action="store_false", help="no distillation step")
+    p.add_argument("--project-only", action="store_true", help="build no model: the FLOPs projected from the shapes")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="directory for scale.json and scale.md (written atomically)")
+    p.set_defaults(func=_run_scale)
 
     p = kinds.add_parser("select-quality", parents=[common], formatter_class=fmt,
                          help="test accuracy of every selection method over tasks and seeds")
