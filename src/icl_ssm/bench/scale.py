@@ -628,16 +628,18 @@ def run_shape(cfg: ScaleConfig, name: str, say: Callable[[str], None] = log,
                                      queries=dcfg.queries))
             say(f"k={k} distillation step: {counted.flops / 1e9:.1f} GFLOP, {timed.seconds:.2f} s")
     compare(rows)
-    if cfg.memory and device.type == "cpu":
-        peaks = peak_rss(memory_pass, cfg, name, [(r["k"], r["evaluator"]) for r in rows],
-                         [(b["k"], b["case"]) for b in builds], [d["k"] for d in distill], baseline=False)
-        for r, p in zip(rows, peaks["result"]["rows"], strict=True):
-            r.update(p)
-        for b, p in zip(builds, peaks["result"]["builds"], strict=True):
-            b.update(p)
-        for d, p in zip(distill, peaks["result"]["distill"], strict=True):
-            d.update(p)
-        out["weights_rss_bytes"] = peaks["result"]["weights_rss_bytes"]
+    if cfg.memory and device.type == "cpu" and rows + builds + distill:
+        try:
+            peaks = peak_rss(memory_pass, cfg, name, [(r["k"], r["evaluator"]) for r in rows],
+                             [(b["k"], b["case"]) for b in builds], [d["k"] for d in distill], baseline=False)
+        except RuntimeError as err:  # no /proc/self/clear_refs (not Linux), or the child ran out of memory
+            out["memory_not_measured"] = str(err)
+            say(f"{name}: memory not measured: {err}")
+        else:
+            for part, measured in (("rows", rows), ("builds", builds), ("distill", distill)):
+                for row, peak in zip(measured, peaks["result"][part], strict=True):
+                    row.update(peak)
+            out["weights_rss_bytes"] = peaks["result"]["weights_rss_bytes"]
     out.update(rows=rows, builds=builds, distill=distill, skipped=skipped,
                weights_bytes=parameter_count(bench.model) * torch.finfo(dtype).bits // 8)
     return out
@@ -858,6 +860,8 @@ def scale_markdown(result: dict) -> str:
                 lines.append(f"| {sh['shape']} | {d['k']} | {_g(d['flops'])} | {d['seconds']:.3f} | "
                              f"{_mem(d.get('peak_bytes'))} | {_mem(_above(sh, d))} |")
     for sh in result["shapes"]:
+        if sh.get("memory_not_measured"):
+            lines += ["", f"{sh['shape']}: memory not measured ({sh['memory_not_measured']})."]
         if sh.get("skipped"):
             lines += ["", f"{sh['shape']}: skipped when the time budget ran out: {', '.join(sh['skipped'])}."]
     lines += ["", "Projected FLOPs per evaluated subset (GFLOP; from the shape, the compressors counted).", "",
