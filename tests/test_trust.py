@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from icl_ssm.bench.trust import run_trust, summarize_run, summarize_trust, trust_markdown
@@ -70,3 +71,16 @@ def test_run_trust_on_a_tiny_model_reuses_the_first_compressor(tmp_path, tmp_cac
     assert [r["seed"] for r in third["runs"]] == [0, 2] and len(said) == 3
     s2 = json.loads((tmp_path / "trust" / "coin-s2" / "report.json").read_text())
     assert s2["compressor"]["source"] == "distilled"
+
+
+def test_a_tie_in_correct_answers_counts_as_at_the_other_prompt():
+    """314 of 400 right for both: a float32 accuracy (0.78500003) must not rank above the
+    handed-over prompt's 0.785."""
+    n = 400
+    rows = rows_of(n, {"plain-0": 0.785, "plain-1": 0.5, "balanced-0": 0.785, "handed-over": 0.785,
+                       "zero-shot": 0.5, "topk": 0.785})
+    for name in ("plain-0", "balanced-0", "topk"):
+        rows[name]["accuracy"] = float(np.float32(0.785))  # as evaluate_selection reports it
+    out = summarize_run(rows)
+    assert out["plain"]["at_or_above"] == 2 and out["balanced"]["at_or_above"] == 1
+    assert out["at_or_above_retrieval"]

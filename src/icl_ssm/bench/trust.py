@@ -103,7 +103,7 @@ def summarize_run(rows: dict[str, dict]) -> dict[str, Any]:
         group = [rows[n] for n in rows if n.startswith(f"{kind}-")]
         if not group:
             continue
-        accs = np.array([g["accuracy"] for g in group])
+        accs = np.array([_accuracy(g) for g in group])
         order = np.argsort(accs, kind="stable")
         median_row = group[int(order[len(order) // 2])]
         versus = paired_bootstrap(mine - np.asarray(median_row["correct"], float))
@@ -114,10 +114,16 @@ def summarize_run(rows: dict[str, dict]) -> dict[str, Any]:
             gap = float(accs.max() - np.median(accs))
             out["headroom"] = {"oracle": float(accs.max()), "median": float(np.median(accs)),
                                "captured": None if gap <= 0 else (acc - float(np.median(accs))) / gap}
-    retrieval = {n: rows[n]["accuracy"] for n in ("bm25", "topk", "bm25 (per query)") if n in rows}
+    retrieval = {n: _accuracy(rows[n]) for n in ("bm25", "topk", "bm25 (per query)") if n in rows}
     out["retrieval"] = retrieval
     out["at_or_above_retrieval"] = bool(retrieval) and acc >= max(retrieval.values())
     return out
+
+
+def _accuracy(row: dict) -> float:
+    """A prompt's test accuracy from its per-example answers, in the precision the handed-over
+    prompt's is computed in: a tie in correct answers compares equal (a float32 accuracy would not)."""
+    return float(np.mean(row["correct"])) if row.get("correct") is not None else float(row["accuracy"])
 
 
 def environment() -> dict[str, Any]:

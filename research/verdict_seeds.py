@@ -1,0 +1,85 @@
+"""The fidelity verdict `run` gives the shipped compressors, at several fidelity seeds.
+
+    python research/verdict_seeds.py OUT_DIR --seeds 0 1 2 --ks 20 50
+
+For each shipped Rotten Tomatoes compressor (trained at each of ``--ks``) and each seed: the
+fidelity stage exactly as ``icl-ssm run`` runs it (its held-out subset and query counts,
+:class:`icl_ssm.pipeline.RunConfig`'s ``fidelity_subsets`` x ``fidelity_queries``, the shipped
+control beside it, the seed choosing the subsets), then the verdict
+(:func:`icl_ssm.evaluate.verdict.fidelity_verdict`). One JSON per (k, seed) in ``OUT_DIR`` (a
+finished one is read back, not redone) and ``OUT_DIR/verdicts.json``: the verdicts, each check with
+its value and interval, and the provenance of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+from datetime import date
+from pathlib import Path
+
+import torch
+import transformers
+
+from icl_ssm import atomic
+from icl_ssm.compress.pretrained import find_pretrained
+from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
+from icl_ssm.evaluate.verdict import fidelity_verdict
+from icl_ssm.pipeline import RunConfig
+
+TASK = "rotten_tomatoes"
+
+
+def provenance(argv: list[str]) -> dict:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    return {"command": "python research/verdict_seeds.py " + " ".join(argv), "commit": commit,
+            "date": date.today().isoformat(),
+            "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, "
+                       f"{'cuda' if torch.cuda.is_available() else 'cpu'}",
+            "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def one(k: int, seed: int, cfg: RunConfig) -> dict:
+    shipped = find_pretrained(cfg.model, TASK, k=k)
+    fcfg = FidelityConfig(model=cfg.model, task=TASK, k=k, compressor=str(shipped / "compressor"),
+                          control=str(shipped / "control"), subsets=cfg.fidelity_subsets,
+                          queries=cfg.fidelity_queries, seed=seed, batch=cfg.batch, query_batch=cfg.query_batch)
+    report = run_fidelity(fcfg)
+    verdict = fidelity_verdict(report, max_accuracy_drop=cfg.max_accuracy_drop)
+    return {"k": k, "seed": seed, "compressor": shipped.name, "subsets": fcfg.subsets, "queries": fcfg.queries,
+            "verdict": verdict["evaluator"], "checks": verdict["checks"], "summary": verdict["summary"],
+            "report": report}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--ks", type=int, nargs="+", default=[20, 50])
+    args = p.parse_args(argv)
+    out = atomic.prepare_dir(args.out)
+    cfg = RunConfig()
+    rows = []
+    for k in args.ks:
+        for seed in args.seeds:
+            path = out / f"k{k}-seed{seed}.json"
+            if not path.exists():
+                atomic.write_json(path, {**one(k, seed, cfg), "provenance": provenance(argv)})
+            row = json.loads(path.read_text())
+            rows.append({key: row[key] for key in ("k", "seed", "compressor", "subsets", "queries", "verdict",
+                                                   "checks", "summary", "provenance")})
+            print(f"k = {k}, seed {seed}: {row['verdict']} ({row['summary']})", flush=True)
+    same = {k: len({r["verdict"] for r in rows if r["k"] == k}) == 1 for k in args.ks}
+    atomic.write_json(out / "verdicts.json", {"task": TASK, "seeds": args.seeds, "ks": args.ks,
+                                              "same_verdict_at_every_seed": same, "runs": rows,
+                                              "provenance": provenance(argv)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
