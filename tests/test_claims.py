@@ -69,11 +69,23 @@ def test_missing_markers_are_named(copy):
 
 
 def test_trust_records_count_runs_at_or_above_the_median():
-    runs = [{"plain": {"at_or_above": 8, "count": 16, "shown_better": False}},
-            {"plain": {"at_or_above": 12, "count": 16, "shown_better": True}},
-            {"plain": {"at_or_above": 7, "count": 16, "shown_better": False}}]
+    runs = [{"task": "cr", "plain": {"at_or_above": 8, "count": 16, "shown_better": False}},
+            {"task": "rotten_tomatoes", "plain": {"at_or_above": 12, "count": 16, "shown_better": True},
+             "at_or_above_retrieval": True},
+            {"task": "coin_flip", "plain": {"at_or_above": 7, "count": 16, "shown_better": True}}]
     assert claims.trust_counts(runs) == {"runs": 3, "at_or_above_median": 2, "at_or_above_three_quarters": 1,
-                                         "shown_better": 1}
+                                         "at_or_above_retrieval": 1, "shown_better": 2, "shown_better_rt_cr": 1,
+                                         "runs_rt_cr": 2}
+
+
+def test_trust_places_count_correct_answers_so_a_tie_is_at():
+    """A record's float32 accuracies can put a tie below; the stored answers cannot."""
+    right = lambda n: {"correct": [1] * n + [0] * (400 - n)}  # noqa: E731
+    run = {"plain": {"at_or_above": 0, "count": 2}, "at_or_above_retrieval": False,
+           "prompts_on_test": {"handed-over": right(314), "plain-0": right(314), "plain-1": right(315),
+                               "balanced-0": right(100), "topk": right(314), "bm25": right(200)}}
+    assert claims.placed(run) == {"plain": 1, "plain_count": 2, "balanced": 1, "balanced_count": 1,
+                                  "retrieval": True}
 
 
 def test_p_values_print_two_decimals_or_one_significant_digit():

@@ -25,5 +25,8 @@ def test_readme_example_runs(capsys):
     namespace: dict = {}
     exec(compile(python_example(), str(README), "exec"), namespace)
     chosen = namespace["chosen"]
-    assert len(chosen) == 20 and len({e.id for e in chosen}) == 20
-    assert capsys.readouterr().out.strip()  # the generated answer was printed
+    assert chosen.k == 20 and len(set(chosen.ids)) == 20 and chosen.model == "smollm2-135m"
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) >= 2  # the generated answer, then the eight inputs' answers
+    answers = eval(printed[-1])
+    assert len(answers) == 8 and set(answers) <= {"positive", "negative"}

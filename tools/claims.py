@@ -210,12 +210,39 @@ def k20_paths(records: Records, metric: str) -> tuple[list[float], list[float]]:
             [fidelity(g0, "control", metric), fidelity(g12, "control", metric), fidelity(g12, "control-s2", metric)])
 
 
+RETRIEVAL = ("bm25", "topk", "bm25 (per query)")
+
+
+def placed(run: dict) -> dict:
+    """Where a trust run's handed-over prompt stands, counted in correct test answers (a tie is
+    "at"): ``{"plain": n at or above, "plain_count", "balanced", "balanced_count", "retrieval": bool}``.
+    From the per-example answers a record stores (``prompts_on_test``), else its stored counts."""
+    answers = {name: sum(row["correct"]) for name, row in (run.get("prompts_on_test") or {}).items()}
+    if "handed-over" not in answers:
+        return {"plain": run["plain"]["at_or_above"], "plain_count": run["plain"]["count"],
+                "balanced": (run.get("balanced") or {}).get("at_or_above"),
+                "balanced_count": (run.get("balanced") or {}).get("count"),
+                "retrieval": bool(run.get("at_or_above_retrieval"))}
+    mine = answers["handed-over"]
+    out = {}
+    for kind in ("plain", "balanced"):
+        group = [v for n, v in answers.items() if n.startswith(f"{kind}-")]
+        out[kind], out[f"{kind}_count"] = sum(mine >= v for v in group), len(group)
+    retrieval = [answers[n] for n in RETRIEVAL if n in answers]
+    out["retrieval"] = bool(retrieval) and mine >= max(retrieval)
+    return out
+
+
 def trust_counts(runs: list[dict]) -> dict[str, int]:
-    plain = [r for r in runs if r.get("plain")]
+    where = [placed(r) for r in runs if r.get("plain")]
+    shown = [r for r in runs if r.get("plain") and r.get("task") in ("rotten_tomatoes", "cr")]
     return {"runs": len(runs),
-            "at_or_above_median": sum(r["plain"]["at_or_above"] >= r["plain"]["count"] / 2 for r in plain),
-            "at_or_above_three_quarters": sum(r["plain"]["at_or_above"] >= 0.75 * r["plain"]["count"] for r in plain),
-            "shown_better": sum(bool(r["plain"].get("shown_better")) for r in plain)}
+            "at_or_above_median": sum(w["plain"] >= w["plain_count"] / 2 for w in where),
+            "at_or_above_three_quarters": sum(w["plain"] >= 0.75 * w["plain_count"] for w in where),
+            "at_or_above_retrieval": sum(w["retrieval"] for w in where),
+            "shown_better": sum(bool(r["plain"].get("shown_better")) for r in runs if r.get("plain")),
+            "shown_better_rt_cr": sum(bool(r["plain"].get("shown_better")) for r in shown),
+            "runs_rt_cr": len(shown)}
 
 
 # ---------------------------------------------------------------- the tables
@@ -331,19 +358,33 @@ def readme_results(records: Records) -> str:
 def trust_runs(records: Records) -> str:
     """BENCHMARKS' per-run table of the pre-registered trust evaluation."""
     rows = []
-    for name, r in records.glob("trust-search/*.json"):
-        p = r["plain"]
+    runs = records.glob("trust-search/*.json")
+    for name, r in runs:
+        p, where = r["plain"], placed(r)
         vs = p.get("vs_median_prompt") or {}
         interval = ci(vs["ci95"], "+.3f") if vs.get("ci95") else "-"
+        retrieval = max(r["retrieval"].values()) if r.get("retrieval") else None
+        search = r.get("search") or {}
         rows.append([r["task"], str(r["seed"]), r["handed_over"], f"{r['handed_test_accuracy']:.3f}",
-                     f"{p['at_or_above']} of {p['count']}", f"{p['median']:.3f}",
+                     f"{where['plain']} of {where['plain_count']}", f"{p['median']:.3f}",
                      f"{vs.get('mean', float('nan')):+.3f} {interval}",
+                     f"{where['balanced']} of {where['balanced_count']}",
+                     "-" if retrieval is None else f"{retrieval:.3f} ({'yes' if where['retrieval'] else 'no'})",
                      f"{r['zero_shot_test_accuracy']:.3f}" if r.get("zero_shot_test_accuracy") is not None else "-",
+                     (f"{search['wall_seconds']:.0f} / {search['budget_seconds']:.0f}"
+                      if search.get("wall_seconds") and search.get("budget_seconds") else "-"),
                      f"[{name}](docs/results/trust-search/{name})"])
     if not rows:
         return "No run of the pre-registered evaluation is stored yet."
-    return table(["task", "seed", "handed over", "test acc", "at or above plain random prompts", "median random",
-                  "vs median random [95% CI, test examples]", "zero-shot", "record"], rows)
+    c = trust_counts([r for _, r in runs])
+    return (table(["task", "seed", "handed over", "test acc", "at or above plain random prompts", "median random",
+                   "vs median random [95% CI, test examples]", "at or above balanced random",
+                   "best retrieval (at or above it?)", "zero-shot", "search s / budget", "record"], rows)
+            + f"\n\nSo far, of {c['runs']} of 15 runs: at or above 12 of the 16 plain random prompts in "
+            f"{c['at_or_above_three_quarters']} (target: 12 of 15); at or above the best retrieval in "
+            f"{c['at_or_above_retrieval']} (target: 10 of 15); shown better than the median plain random prompt on "
+            f"rotten_tomatoes and cr in {c['shown_better_rt_cr']} of {c['runs_rt_cr']} (target: 7 of 10). Places are "
+            "counted in correct test answers, a tie counting as at.")
 
 
 # ---------------------------------------------------------------- BENCHMARKS' summary tables
@@ -673,12 +714,172 @@ def selection_quality(records: Records) -> str:
     return table(BENCH, rows)
 
 
+# ---------------------------------------------------------------- selection cost at scale (bench scale)
+
+SCALE_CPU = "scale-qwen2.5-0.5b-cpu.json"
+SCALE_SMOLLM2 = "scale-smollm2-135m-cpu.json"
+SCALE_PROJECTED = "scale-projected.json"
+GiB = 1024**3
+
+
+def scale_shapes(records: Records, *names: str) -> list[dict]:
+    return [shape for name in names for shape in records(name)["shapes"]]
+
+
+def scale_row(shape: dict, k: int, evaluator: str) -> dict:
+    return next(r for r in shape["rows"] if r["k"] == k and r["evaluator"] == evaluator)
+
+
+def scale_saving(shape: dict, k: int, dense: str, compressed: str) -> tuple[float, float]:
+    """(FLOP saving, time saving) of ``compressed`` against ``dense`` per evaluated subset."""
+    d, c = scale_row(shape, k, dense), scale_row(shape, k, compressed)
+    return d["flops_per_subset"] / c["flops_per_subset"], d["seconds_per_subset"] / c["seconds_per_subset"]
+
+
+def scale_command(record: dict) -> str:
+    return f"`{record['provenance']['command']}`"
+
+
+def scale_cpu(records: Records) -> str:
+    """BENCHMARKS' 'Selection cost at scale': the Qwen2.5-0.5B shape on the CPU, the GPU rows."""
+    record = records(SCALE_CPU)
+    (shape,) = record["shapes"]
+    machine = f"CPU, {record['threads']} thread{'s' if record['threads'] > 1 else ''}, random weights"
+    link = cite(records, "[cost at scale](docs/cost-at-scale.md)", SCALE_CPU)
+    queries = record["settings"]["queries"]
+    rows = []
+    for k in shape["k"]:
+        f, t = scale_saving(shape, k, "dense-packed", "compressed-packed")
+        fl, tl = scale_saving(shape, k, "dense-lean-packed", "compressed-packed")
+        met = f >= 4 and f / t <= 1.5
+        rows.append([
+            f"k = {k}, Qwen2.5-0.5B shape: packed compressed (the recipe's compressor, 36 slots) vs packed dense "
+            f"prefix shared by {queries} queries", scale_command(record), machine,
+            f"{f:.1f}x fewer FLOPs, {t:.1f}x less time (FLOPs / time {f / t:.2f}); against a dense prefix built "
+            f"without the LM head over the prompt: {fl:.1f}x, {tl:.1f}x ({fl / tl:.2f})",
+            ">= 4x FLOPs, time within 1.5x of it" + (f": {'met' if met else 'not met'}" if k == 50 else ""), link])
+    paper = {k: scale_saving(shape, k, "dense-packed", "paper-compressed-packed") for k in shape["k"]}
+    per_query = {k: scale_saving(shape, k, "dense-per-query", "compressed") for k in shape["k"]}
+    rows.append([
+        "the paper's compressor (16 virtual + 4 sinks, 20 slots) vs packed dense, same shape", "same", machine,
+        "; ".join(f"k = {k}: {f:.1f}x FLOPs, {t:.1f}x time" for k, (f, t) in paper.items()), "—", link])
+    rows.append([
+        "compressed (36 slots) vs a dense prompt per query (the paper's accounting), same shape", "same", machine,
+        "; ".join(f"k = {k}: {f:.1f}x FLOPs, {t:.1f}x time" for k, (f, t) in per_query.items())
+        + f" (per query measured on {scale_row(shape, shape['k'][0], 'dense-per-query')['queries_measured']} "
+          f"queries, scaled to {queries})", "—", link])
+    top = max(shape["k"])
+    above = {e: scale_row(shape, top, e)["working_bytes"] / GiB
+             for e in ("dense-packed", "dense-lean-packed", "compressed-packed")}
+    step = next(d for d in shape["distill"] if d["k"] == top)
+    rows.append([
+        f"memory above the weights ({shape['weights_bytes'] / GiB:.2f} GiB, float32), k = {top}", "same",
+        machine + ", peak RSS of a child process per case",
+        f"dense packed {above['dense-packed']:.2f} GiB (its LM-head logits over the prompt), without them "
+        f"{above['dense-lean-packed']:.2f}; compressed packed {above['compressed-packed']:.2f}; one distillation "
+        f"step {step['working_bytes'] / GiB:.2f} GiB, {step['seconds']:.1f} s", "—", link])
+    builds = {b["case"]: b for b in shape["builds"] if b["k"] == top}
+    rows.append([
+        f"the cache build alone, k = {top} ({builds['dense']['prompt_tokens']} tokens)", "same", machine,
+        f"dense {builds['dense']['flops'] / 1e9:.0f} GFLOP, {builds['dense']['seconds']:.1f} s "
+        f"(without the prompt's LM head {builds['dense-lean']['seconds']:.1f} s); compressed "
+        f"{builds['compressed']['flops'] / 1e9:.0f} GFLOP, {builds['compressed']['seconds']:.2f} s; the paper's "
+        f"{builds['paper-compressed']['flops'] / 1e9:.0f} GFLOP, {builds['paper-compressed']['seconds']:.2f} s",
+        "—", link])
+    rows.append([
+        "every paper shape (Qwen2.5-0.5B to 7B, Llama-3.1-8B, Gemma-3-1B) at k = 20, 50, 200 and the longest "
+        "prompt, bfloat16", "`tools/gpu_scale.sh OUT`", "one GPU",
+        "not yet measured (no GPU lent so far); the script is tested on tiny shapes on the CPU; FLOPs projected "
+        "from the shapes: [cost at scale](docs/cost-at-scale.md#every-shape-projected)", "under 8 minutes", "—"])
+    return table(BENCH, rows)
+
+
+def scale_measured(records: Records) -> str:
+    """docs/cost-at-scale.md: every measured row of the CPU records, per evaluated subset."""
+    rows = []
+    for shape in scale_shapes(records, SCALE_SMOLLM2, SCALE_CPU):
+        for r in shape["rows"]:
+            note = f" ({r['queries_measured']} queries, scaled)" if "queries_measured" in r else ""
+            rows.append([shape["shape"], str(r["k"]), f"{r['prompt_tokens']:.0f}", r["evaluator"] + note,
+                         f"{r['flops_per_subset'] / 1e9:.1f}", f"{r['seconds_per_subset']:.2f}",
+                         f"{r['peak_bytes'] / GiB:.2f}", f"{r['working_bytes'] / GiB:.2f}",
+                         f"{r['flops_vs_compressed']:.1f}x", f"{r['seconds_vs_compressed']:.1f}x"])
+    return table(["shape", "k", "prompt tokens", "evaluator", "GFLOP / subset", "s / subset", "peak GiB",
+                  "above weights GiB", "FLOPs vs compressed", "time vs compressed"], rows)
+
+
+def scale_projected(records: Records) -> str:
+    """docs/cost-at-scale.md: FLOPs per evaluated subset projected from every shape."""
+    record = records(SCALE_PROJECTED)
+    rows = []
+    for shape in record["shapes"]:
+        for p in shape["projected"]:
+            saving = [f"{p['dense-packed'] / p[n]:.1f}x" if n in p else "—"
+                      for n in ("compressed-packed", "paper-compressed-packed", "window-compressed-packed")]
+            rows.append([shape["shape"], str(p["k"]), str(p["prompt_tokens"]), f"{p['dense-packed'] / 1e12:.2f}",
+                         f"{p['compressed-packed'] / 1e12:.3f}", *saving,
+                         f"{p['dense-lean-packed'] / p['compressed-packed']:.1f}x",
+                         f"{p['dense-per-query'] / p['compressed'] :.1f}x"])
+    return table(["shape", "k", "prompt tokens", "dense packed TFLOP", "compressed packed TFLOP",
+                  "saving (recipe, 36 slots)", "saving (paper, 20 slots)", "saving (window exact)",
+                  "saving against the lean dense prefix", "saving against a prompt per query"], rows)
+
+
+def run_costs(records: Records) -> str:
+    """docs/cost-at-scale.md: what one `icl-ssm run` costs per model size on the CPU, measured (the
+    SmolLM2 demo) or projected from its non-search time by the ratio of dense seconds per subset."""
+    demo = records("demo-cold-2026-11-26.json")
+    cpu = {s["shape"]: s for s in scale_shapes(records, SCALE_SMOLLM2, SCALE_CPU)}
+    projected = {s["shape"]: s for s in records(SCALE_PROJECTED)["shapes"]}
+    k = 20
+    base = scale_row(cpu["smollm2-135m"], k, "dense-packed")["seconds_per_subset"]
+    anchor = scale_row(cpu["qwen2.5-0.5b"], k, "dense-packed")
+    rate = anchor["flops_per_subset"] / anchor["seconds_per_subset"]  # FLOP/s of the largest measured shape
+    search = demo["search"]["wall_seconds"]
+    work = demo["demo_seconds"] - search
+    rows = []
+    for name, shape in projected.items():
+        p = next(p for p in shape["projected"] if p["k"] == k)
+        if name in cpu:
+            seconds, how = scale_row(cpu[name], k, "dense-packed")["seconds_per_subset"], "measured"
+        else:
+            seconds, how = p["dense-packed"] / rate, "projected (FLOPs / the 0.5B shape's FLOP/s)"
+        if name == "smollm2-135m":
+            minutes, source = demo["demo_seconds"] / 60, "minutes measured (the cold demo, one run, 2 cores)"
+        else:
+            minutes = (work * seconds / base + demo["search"]["budget_seconds"]) / 60
+            source = f"minutes projected, the dense subset {how}"
+        weights = shape["params"] * 4 / GiB
+        logits = 8 * p["prompt_tokens"] * shape["vocab"] * 4 / GiB  # run's batch of 8 dense prefixes
+        kv = 8 * p["prompt_tokens"] * 2 * shape["layers"] * shape["kv_heads"] * shape["head_dim"] * 4 / GiB
+        rows.append([name, f"{shape['params'] / 1e9:.2f} B", f"{weights:.1f} / {weights / 2:.1f}",
+                     f"{seconds:.1f}", f"{minutes:.0f}", f"{weights + logits + kv:.1f}",
+                     "yes" if weights + logits + kv <= 24 else "no", source])
+    return table(["model", "parameters", "weights GiB (float32 / bfloat16)", "dense s / subset, k = 20 (1 thread)",
+                  "one `run`, minutes (CPU)", "one `run`, GiB (float32, from the shape)", "fits 24 GiB", "how"], rows)
+
+
+def pending(render: Callable[[Records], str], *names: str) -> Callable[[Records], str]:
+    """``render``, or where one of its records ``names`` is not stored yet, a line saying so (a
+    table waiting for its measurement, not a failure)."""
+    def table_or_note(records: Records) -> str:
+        absent = [n for n in names if not (records.root / RESULTS / n).is_file()]
+        if absent:
+            return "Not measured yet: " + ", ".join(f"`{RESULTS}/{n}`" for n in absent) + " not stored."
+        return render(records)
+    return table_or_note
+
+
 TABLES: dict[str, tuple[str, Callable[[Records], str]]] = {
     "results": ("README.md", readme_results),
     "trust-runs": ("BENCHMARKS.md", trust_runs),
     "compressed-caches": ("BENCHMARKS.md", compressed_caches),
     "distillation": ("BENCHMARKS.md", distillation_fidelity),
     "selection-quality": ("BENCHMARKS.md", selection_quality),
+    "scale-cpu": ("BENCHMARKS.md", pending(scale_cpu, SCALE_CPU)),
+    "scale-measured": ("docs/cost-at-scale.md", pending(scale_measured, SCALE_SMOLLM2, SCALE_CPU)),
+    "scale-projected": ("docs/cost-at-scale.md", pending(scale_projected, SCALE_PROJECTED)),
+    "run-costs": ("docs/cost-at-scale.md", pending(run_costs, SCALE_SMOLLM2, SCALE_CPU, SCALE_PROJECTED)),
 }
 
 

@@ -119,13 +119,14 @@ def run_path(cfg: AnswerBenchConfig, path: str) -> dict[str, Any]:
         def answer(qs):
             return answer_inputs(model, tokenizer, selected, qs, task=task, batch=cfg.batch,
                                  cache="exact" if path == "shared-exact" else "compressed", compressor=compressor)
+    loaded = _peak_mib()  # the model, the data and the prompt, before any answer
     answer(inputs[: cfg.batch])  # warm-up, untimed
     before = _peak_mib()
     t0 = time.perf_counter()
     answers = answer(inputs)
     seconds = time.perf_counter() - t0
     out = {"path": path, "inputs": len(inputs), "seconds": seconds, "answers_per_second": len(inputs) / seconds,
-           "peak_rss_mib": _peak_mib(), "peak_rss_before_answering_mib": before,
+           "peak_rss_mib": _peak_mib(), "peak_rss_loaded_mib": loaded, "peak_rss_before_answering_mib": before,
            "prompt_tokens": len(builder.build_prefix(selected.examples()).input_ids), "compressor": where,
            "answers": [a.answer for a in answers], "correct": [a.correct for a in answers],
            "scores": [[a.scores[y] for y in task.labels] for a in answers] if task.kind == "classification" else None}
@@ -170,23 +171,21 @@ def bench_answer(cfg: AnswerBenchConfig, command: str, say=print) -> dict[str, A
 def environment() -> dict[str, Any]:
     """Commit, machine, date and library versions, for a record's provenance."""
     import os
-    import platform
     from datetime import date
     from pathlib import Path
 
     import torch
     import transformers
 
+    from icl_ssm.bench.scan import machine
+
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip() or None
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"commit": commit, "date": date.today().isoformat(), "machine": f"{cpu}, {os.cpu_count()} cores, cpu",
-            "torch": torch.__version__, "transformers": transformers.__version__}
+    m = machine()
+    return {"commit": commit, "date": date.today().isoformat(), "torch": m["torch"],
+            "machine": f"{m['processor']}, {os.cpu_count()} cores, {m['platform']}, "
+                       f"{'cuda' if torch.cuda.is_available() else 'cpu'}",
+            "transformers": transformers.__version__}
 
 
 def summarize(cfg: AnswerBenchConfig, runs: dict[str, dict], command: str, env: dict) -> dict[str, Any]:
@@ -201,9 +200,10 @@ def summarize(cfg: AnswerBenchConfig, runs: dict[str, dict], command: str, env: 
             continue
         r = runs[path]
         row = {key: r[key] for key in ("path", "inputs", "seconds", "answers_per_second", "peak_rss_mib",
-                                       "peak_rss_before_answering_mib", "prompt_tokens", "compressor")}
+                                       "peak_rss_loaded_mib", "peak_rss_before_answering_mib", "prompt_tokens",
+                                       "compressor")}
         row["title"] = TITLES[path]
-        row["peak_rss_answering_mib"] = r["peak_rss_mib"] - r["peak_rss_before_answering_mib"]
+        row["peak_rss_answering_mib"] = r["peak_rss_mib"] - r["peak_rss_loaded_mib"]
         if base is not None:
             row["x_reencode"] = r["answers_per_second"] / base["answers_per_second"]
         if all(c is not None for c in r["correct"]):
@@ -239,8 +239,9 @@ def summarize(cfg: AnswerBenchConfig, runs: dict[str, dict], command: str, env: 
         }
     record["notes"] = (f"torch threads: {cfg.threads} per worker, one path at a time; peak memory is the worker "
                        "process's peak resident set size (getrusage ru_maxrss: the model, the data and the answering), "
-                       "'answering' its rise over the peak before the timed answers; a shared path's time includes "
-                       "encoding the prefix once; every path warmed up on one batch first")
+                       "peak_rss_answering_mib its rise over the peak once the model and the prompt were loaded, "
+                       "before any answer (the warm-up batch included); a shared path's time includes encoding the "
+                       "prefix once; every path warmed up on one batch first, untimed")
     return record
 
 
@@ -248,7 +249,8 @@ def to_markdown(record: dict[str, Any]) -> str:
     s = record["settings"]
     lines = [f"Answering {s['task']} with a k = {s['k']} prompt on {s['model']}, batches of {s['batch']}, "
              f"{s['threads']} torch thread(s):", "",
-             "| path | inputs | answers/s | x re-encoding | peak RSS (MiB) | rise while answering (MiB) | accuracy |",
+             "| path | inputs | answers/s | x re-encoding | peak RSS (MiB) | rise over the model loaded (MiB) "
+             "| accuracy |",
              "|---|---|---|---|---|---|---|"]
     for r in record["rows"]:
         acc = r.get("accuracy")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from icl_ssm import atomic
+from icl_ssm.data.files import read_records
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import KINDS, Example, Task, get_task
 from icl_ssm.lm.models import EMBEDDED_MODELS
@@ -320,20 +321,12 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
     rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path} line {number}: not valid JSON ({err.msg})") from None
-        missing = [key for key in ("id", "text", "label") if not isinstance(row, dict) or key not in row]
+    for number, row in read_records(path):
+        missing = [key for key in ("id", "text", "label") if key not in row]
         if missing:
             raise ValueError(f"{path} line {number}: missing {', '.join(missing)}; a selected.jsonl line holds the "
                              "id, text and label of one demonstration")
         rows.append(row)
-    if not rows:
-        raise ValueError(f"{path}: no demonstrations")
     return rows
 
 
