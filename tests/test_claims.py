@@ -14,9 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def copy(tmp_path):
     """The markdown files with generated tables and the records, copied under a temporary root."""
-    for file in {f for f, _ in claims.TABLES.values()}:
-        shutil.copy(ROOT / file, tmp_path / file)
     shutil.copytree(ROOT / claims.RESULTS, tmp_path / claims.RESULTS)
+    for file in {f for f, _ in claims.TABLES.values()}:
+        (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / file, tmp_path / file)
     return tmp_path
 
 
