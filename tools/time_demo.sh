@@ -16,9 +16,10 @@ make install > "$work/install.log" 2>&1
 installed=$(date +%s.%N)
 make demo > "$work/demo.log" 2>&1
 end=$(date +%s.%N)
-python3 - "$out" "$start" "$installed" "$end" "$work/clone/demo/report.json" "$(git rev-parse HEAD)" <<'PY'
+versions=$(.venv/bin/python -c 'import torch, transformers; print(torch.__version__, transformers.__version__)')
+python3 - "$out" "$start" "$installed" "$end" "$work/clone/demo/report.json" "$(git rev-parse HEAD)" $versions <<'PY'
 import json, os, platform, sys, datetime
-out, start, installed, end, report, commit = sys.argv[1:]
+out, start, installed, end, report, commit, torch, transformers = sys.argv[1:]
 rep = json.load(open(report))
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 record = {"command": "tools/time_demo.sh", "what": "make demo from a fresh clone, empty pip and model caches",
@@ -29,6 +30,8 @@ record = {"command": "tools/time_demo.sh", "what": "make demo from a fresh clone
           "handed_test_accuracy": rep["handed_over"].get("test_accuracy"),
           "search": {k: (rep.get("search") or {}).get(k) for k in ("screen", "budget_seconds", "wall_seconds",
                                                                    "screened", "screen_reliability")}}
+record["provenance"] = {k: record[k] for k in ("command", "commit", "machine", "date")}
+record["provenance"].update(torch=torch, transformers=transformers)
 os.makedirs(os.path.dirname(out), exist_ok=True)
 json.dump(record, open(out + ".tmp", "w"), indent=1)
 os.replace(out + ".tmp", out)
