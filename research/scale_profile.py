@@ -17,7 +17,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from icl_ssm.bench import scale
+from icl_ssm.bench import scale, shapes
 from icl_ssm.cost import flop_counter
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")
@@ -38,7 +38,7 @@ def split(prof) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", default="qwen2.5-0.5b", choices=list(scale.SHAPES))
+    ap.add_argument("--shape", default="qwen2.5-0.5b", choices=list(shapes.SHAPES))
     ap.add_argument("--k", type=int, default=50)
     ap.add_argument("--queries", type=int, default=8)
     ap.add_argument("--rows", type=int, default=12, help="top ops printed per path")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from icl_ssm.bench import scale
+from icl_ssm.bench import scale, scale_report, shapes
 from icl_ssm.cli import main
 from icl_ssm.cost import rss_peak, track_freed_memory
 from icl_ssm.lm.prompts import PromptBuilder
@@ -20,25 +20,25 @@ from icl_ssm.lm.prompts import PromptBuilder
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("name", [n for n, s in scale.SHAPES.items() if s.published_params])
+@pytest.mark.parametrize("name", [n for n, s in shapes.SHAPES.items() if s.published_params])
 def test_shapes_have_their_published_sizes(name):
-    params = scale.parameter_count(scale.meta_model(scale.shape_config(name)))  # meta: no memory
-    assert params == pytest.approx(scale.SHAPES[name].published_params, rel=0.03)
+    params = shapes.parameter_count(shapes.meta_model(shapes.shape_config(name)))  # meta: no memory
+    assert params == pytest.approx(shapes.SHAPES[name].published_params, rel=0.03)
 
 
 def test_gemma_shape_slides_and_gets_a_window_compressor():
-    config = scale.shape_config("gemma-3-1b")
-    assert scale.window_of(config) == 512 and scale.window_of(scale.shape_config("qwen2.5-7b")) is None
+    config = shapes.shape_config("gemma-3-1b")
+    assert shapes.window_of(config) == 512 and shapes.window_of(shapes.shape_config("qwen2.5-7b")) is None
     types = config.get_text_config().layer_types
     assert types.count("full_attention") == 4 and types.count("sliding_attention") == 22
-    shapes = scale.compressor_shapes(config)
-    assert shapes["window"]["num_recent"] == 512 and shapes["recipe"]["num_recent"] == 16
-    assert (shapes["paper"]["num_virtual"], shapes["paper"]["num_sink"], shapes["paper"]["num_recent"]) == (16, 4, 0)
+    comps = shapes.compressor_shapes(config)
+    assert comps["window"]["num_recent"] == 512 and comps["recipe"]["num_recent"] == 16
+    assert (comps["paper"]["num_virtual"], comps["paper"]["num_sink"], comps["paper"]["num_recent"]) == (16, 4, 0)
 
 
 def test_built_model_matches_one_built_on_the_cpu():
-    config = scale.shape_config("tiny-gemma3")
-    built = scale.build_model(config, seed=0)
+    config = shapes.shape_config("tiny-gemma3")
+    built = shapes.build_model(config, seed=0)
     reference = AutoModelForCausalLM.from_config(config).eval()
     for (name, a), (_, b) in zip(built.named_buffers(), reference.named_buffers(), strict=True):
         assert torch.equal(a, b), name  # the rotary tables and scales that to_empty leaves empty
@@ -48,21 +48,21 @@ def test_built_model_matches_one_built_on_the_cpu():
 
 
 def test_synthetic_prompts_have_the_lengths_asked():
-    prompts = scale.SyntheticPrompts(demo_tokens=20, query_tokens=9)
-    builder = PromptBuilder(prompts.tokenizer(), scale._Reviews())
+    prompts = shapes.SyntheticPrompts(demo_tokens=20, query_tokens=9)
+    builder = PromptBuilder(prompts.tokenizer(), shapes.SyntheticReviews())
     rng = np.random.default_rng(0)
     demos = prompts.examples(5, 20, rng, "d")
     (query,) = prompts.examples(1, 9, rng, "q")
     assert len(builder.build_prefix(demos).input_ids) == prompts.prompt_tokens(5)
     assert len(builder.build_suffix(query).input_ids) == 9
     assert all(len(ids) == 1 for ids in builder.label_ids())
-    context = scale.shape_config("qwen2.5-0.5b").max_position_embeddings
+    context = shapes.shape_config("qwen2.5-0.5b").max_position_embeddings
     assert prompts.prompt_tokens(prompts.max_k(context)) + 9 <= context < prompts.prompt_tokens(
         prompts.max_k(context) + 1) + 9
     cfg = scale.ScaleConfig(k=(20, "max"), max_prompt_tokens=1000)
-    assert cfg.resolve_k(scale.shape_config("qwen2.5-0.5b")) == [20, (1000 - 8) // 34]
+    assert cfg.resolve_k(shapes.shape_config("qwen2.5-0.5b")) == [20, (1000 - 8) // 34]
     with pytest.raises(ValueError, match="at most"):
-        scale.ScaleConfig(k=(5000,)).resolve_k(scale.shape_config("smollm2-135m"))
+        scale.ScaleConfig(k=(5000,)).resolve_k(shapes.shape_config("smollm2-135m"))
 
 
 def test_scale_on_tiny_shapes_counts_what_the_shape_projects(tmp_path, capsys):
@@ -70,7 +70,7 @@ def test_scale_on_tiny_shapes_counts_what_the_shape_projects(tmp_path, capsys):
     assert main(["bench", "scale", "--shapes", "tiny-qwen2", "tiny-gemma3", "--k", "3", "7", "--per-query-max-k",
                  "3", "--no-memory", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert scale.RANDOM_WEIGHTS in text and (out / "scale.md").read_text() == text.rstrip("\n")
+    assert shapes.RANDOM_WEIGHTS in text and (out / "scale.md").read_text() == text.rstrip("\n")
     assert sorted(p.name for p in out.iterdir()) == ["scale.json", "scale.md"]  # nothing left half-written
     result = json.loads((out / "scale.json").read_text())
     assert result["provenance"]["command"].startswith("icl-ssm bench scale --shapes tiny-qwen2")
@@ -92,7 +92,7 @@ def test_scale_on_tiny_shapes_counts_what_the_shape_projects(tmp_path, capsys):
         full = {b["k"]: b["flops"] for b in shape["builds"] if b["case"] == "dense"}
         assert all(full[k] > lean[k] for k in full)  # the LM head over the prompt
         assert [d["k"] for d in shape["distill"]] == [3, 7] and all(d["flops"] > 0 for d in shape["distill"])
-        saved = scale.savings(shape)
+        saved = scale_report.savings(shape)
         assert len(saved) == 2 * len(shape["compressors"]) * 2 and all(s["gap"] > 0 for s in saved)
     assert "| tiny-gemma3 | 7 | 246 | window (68) | dense-packed |" in text
 
@@ -117,7 +117,7 @@ def test_scale_refuses_a_model_it_cannot_serve(monkeypatch):
     cfg = scale.ScaleConfig(shapes=("tiny-gemma3",), k=(3,))
     shape = scale.run_shape(cfg, "tiny-gemma3", say=lambda line: None)
     assert shape["refused"].startswith("not served: model type 'gemma3_text'") and shape["projected"]
-    assert "**tiny-gemma3: refused**, not served" in scale.scale_markdown(
+    assert "**tiny-gemma3: refused**, not served" in scale_report.scale_markdown(
         {"settings": scale.asdict(cfg), "threads": 1, "shapes": [shape]})
 
 

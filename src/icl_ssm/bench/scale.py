@@ -1,21 +1,19 @@
 """``icl-ssm bench scale``: what selection costs at the paper's model sizes, on random weights.
 
-Each named shape in :data:`SHAPES` is a model built from its published config (layers, hidden
-size, heads, KV heads, head_dim, vocabulary), first on the meta device and then given memory on
-the target device with ``to_empty`` and the model's own seeded initialisation: no weights are
-downloaded, and the figures are cost, never quality. Beside it, the compressor of the measured
-recipe (:class:`~icl_ssm.distill.config.DistillConfig`'s defaults) and the paper's (16 virtual
-tokens and 4 sinks, no exact recent tokens), and on a shape with sliding-window layers a third:
-the recipe with the last ``window`` prompt tokens kept exact, which a sliding layer needs.
+Each named shape (:data:`icl_ssm.bench.shapes.SHAPES`) is built from its published config with
+random weights (:func:`icl_ssm.bench.shapes.build_model`): the figures are cost, never quality.
+Beside it, the compressor of the measured recipe, the paper's (16 virtual tokens and 4 sinks, no
+exact recent tokens) and, on a shape with sliding-window layers, the recipe with the last
+``window`` prompt tokens kept exact, which a sliding layer needs.
 
 Per ``k`` and per evaluated subset, with demonstrations and queries of synthetic tokens of
-Rotten Tomatoes' typical length (:class:`SyntheticPrompts`): FLOPs (counted), wall seconds and
-peak memory of the subset evaluators of ``bench select-cost``
+Rotten Tomatoes' typical length (:class:`~icl_ssm.bench.shapes.SyntheticPrompts`): FLOPs
+(counted), wall seconds and peak memory of the subset evaluators of ``bench select-cost``
 (:func:`icl_ssm.bench.select_cost.evaluator_rows`), the cache build alone, and one distillation
 step (stage 2, forward and backward). Beside the measurements, FLOPs projected from the shape
-(:func:`projected_flops`), which also stand in for a shape that cannot be measured here.
+(:mod:`icl_ssm.bench.scale_projection`), which also stand in for a shape that cannot be measured
+here; :mod:`icl_ssm.bench.scale_report` writes the record as markdown.
 """
-
 from __future__ import annotations
 
 import time
@@ -26,14 +24,30 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
+from icl_ssm.bench.scale_projection import Projection, estimate_bytes, memory_limit, projected_flops, ssm_flops
 from icl_ssm.bench.select_cost import compare, evaluator_rows
 from icl_ssm.bench.selection import log
+from icl_ssm.bench.shapes import (
+    DTYPES,
+    RANDOM_WEIGHTS,
+    SHAPES,
+    GiB,
+    SyntheticPrompts,
+    SyntheticReviews,
+    build_compressor,
+    build_model,
+    compressor_shapes,
+    meta_model,
+    parameter_count,
+    shape_config,
+    window_of,
+)
 from icl_ssm.compress.cache import PrefixCache, compressed_cache, exact_cache, teacher_forward
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, head_dim, kv_heads
-from icl_ssm.cost import flop_counter, measure, peak_rss, rss_bytes, rss_peak, track_freed_memory
-from icl_ssm.data.tasks import Example, Task
+from icl_ssm.cost import measure, peak_rss, rss_bytes, rss_peak, track_freed_memory
+from icl_ssm.data.tasks import Example
 from icl_ssm.distill.config import DistillConfig
 from icl_ssm.distill.train import group_losses
 from icl_ssm.evaluate.answers import pad_right
@@ -41,302 +55,6 @@ from icl_ssm.lm.hf import kv_from_cache, output_cache
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.evaluators import CacheEvaluator, PerQueryDenseEvaluator, SubsetEvaluator
 from icl_ssm.select.sampling import balanced_subsets
-
-GiB = 1024**3
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A model's published shape: its ``model_type`` and config fields, the parameter count its
-    model card gives, and where the config was read."""
-
-    model_type: str
-    config: dict[str, Any]
-    published_params: float | None  # None: a test shape of no published model
-    source: str
-
-
-SHAPES: dict[str, Shape] = {
-    "smollm2-135m": Shape("llama", dict(
-        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-        vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True,
-    ), 135e6, "HuggingFaceTB/SmolLM2-135M-Instruct"),
-    "qwen2.5-0.5b": Shape("qwen2", dict(
-        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-        vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True,
-    ), 0.49e9, "Qwen/Qwen2.5-0.5B-Instruct"),
-    "qwen2.5-1.5b": Shape("qwen2", dict(
-        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-        vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True,
-    ), 1.54e9, "Qwen/Qwen2.5-1.5B-Instruct"),
-    "qwen2.5-3b": Shape("qwen2", dict(
-        hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
-        vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True,
-    ), 3.09e9, "Qwen/Qwen2.5-3B-Instruct"),
-    "qwen2.5-7b": Shape("qwen2", dict(
-        hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-        vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=False,
-    ), 7.61e9, "Qwen/Qwen2.5-7B-Instruct"),
-    "llama-3.1-8b": Shape("llama", dict(
-        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-        vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=False,
-        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                          original_max_position_embeddings=8192),
-    ), 8.03e9, "meta-llama/Llama-3.1-8B-Instruct"),
-    # five sliding-window layers (512 tokens) to one full layer
-    "gemma-3-1b": Shape("gemma3_text", dict(
-        hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
-        head_dim=256, vocab_size=262144, max_position_embeddings=32768, sliding_window=512, query_pre_attn_scalar=256,
-        rope_theta=1e6, rope_local_base_freq=10000.0, tie_word_embeddings=True,
-    ), 1.0e9, "google/gemma-3-1b-it"),
-    # test shapes: the command end to end in seconds
-    "tiny-qwen2": Shape("qwen2", dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=2048, max_position_embeddings=1024, tie_word_embeddings=True,
-    ), None, "test shape"),
-    "tiny-gemma3": Shape("gemma3_text", dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, vocab_size=2048, max_position_embeddings=1024, sliding_window=48, query_pre_attn_scalar=16,
-        tie_word_embeddings=True,
-    ), None, "test shape"),
-}  # fmt: skip
-
-PAPER_SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama-3.1-8b", "gemma-3-1b")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-RANDOM_WEIGHTS = "Weights are random (the published shapes, no checkpoint): the figures are cost, not quality."
-
-
-def shape_config(name: str) -> PretrainedConfig:
-    """The config of shape ``name`` (:data:`SHAPES`)."""
-    if name not in SHAPES:
-        raise ValueError(f"shape {name!r} is not known; accepted: {', '.join(SHAPES)}")
-    shape = SHAPES[name]
-    return AutoConfig.for_model(shape.model_type, **shape.config)
-
-
-def meta_model(config: PretrainedConfig) -> PreTrainedModel:
-    """The model of ``config`` on the meta device: its parameters have shapes and no memory."""
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
-
-
-def build_model(config: PretrainedConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                seed: int = 0) -> PreTrainedModel:
-    """The model of ``config`` with random weights on ``device``: built on the meta device, given
-    memory there by ``to_empty`` and initialised by the model's own ``init_weights`` (normal
-    weights, unit norms, the rotary tables) under ``seed``; eval mode, no gradients."""
-    device = torch.device(device)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.to_empty(device=device)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        model.init_weights()  # on meta it was skipped; the non-persistent buffers (rotary tables) too
-    return model.eval().requires_grad_(False)
-
-
-def parameter_count(model: torch.nn.Module) -> int:
-    """Distinct parameters (tied embeddings counted once)."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-
-
-def window_of(config: PretrainedConfig) -> int | None:
-    """The window of the model's sliding-window layers; None when every layer attends to all."""
-    text = config.get_text_config()
-    types = getattr(text, "layer_types", None) or ()
-    window = getattr(text, "sliding_window", None)
-    return int(window) if window and any("sliding" in t for t in types) else None
-
-
-def compressor_shapes(config: PretrainedConfig) -> dict[str, dict]:
-    """The compressors measured beside a model: ``recipe`` (the measured recipe's shape),
-    ``paper`` (the paper's: 16 virtual tokens, 4 sinks, no exact recent tokens) and, for a model
-    with sliding layers, ``window`` (the recipe with ``max(num_recent, window)`` exact recent
-    tokens: a sliding layer reads its last ``window`` tokens exactly)."""
-    recipe = DistillConfig().compressor_overrides()
-    out = {"recipe": recipe, "paper": DistillConfig.recipe("paper").compressor_overrides()}
-    window = window_of(config)
-    if window is not None:
-        out["window"] = {**recipe, "num_recent": max(recipe["num_recent"], window)}
-    return out
-
-
-def build_compressor(config: PretrainedConfig, overrides: dict, device: torch.device | str = "cpu",
-                     seed: int = 0) -> SSMCompressor:
-    """A randomly initialised compressor (float32) of shape ``overrides`` for a model of ``config``."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        compressor = SSMCompressor(SSMCompressorConfig.for_teacher(config, **overrides))
-    return compressor.to(device).eval()
-
-
-# ---------------------------------------------------------------- synthetic prompts
-
-@dataclass(frozen=True)
-class SyntheticPrompts:
-    """Demonstrations and queries of random word tokens, the lengths of Rotten Tomatoes' with its
-    template under SmolLM2's tokenizer (``bench select-cost``: 1,676 prompt tokens at k = 50):
-    ``demo_tokens`` per demonstration (``Review: ... Sentiment: positive``), ``query_tokens`` per
-    query (``Review: ... Sentiment:``), a 7-word instruction and BOS before them."""
-
-    demo_tokens: int = 34
-    query_tokens: int = 30
-    words: int = 1000  # token ids below every shape's vocabulary
-
-    def __post_init__(self):
-        if self.demo_tokens < 6 or self.query_tokens < 5:
-            raise ValueError(f"demo_tokens={self.demo_tokens}, query_tokens={self.query_tokens}: a demonstration "
-                             "needs >= 6 tokens (its template has 5), a query >= 5 (its template has 4)")
-
-    def header_tokens(self) -> int:
-        return 1 + len(_Reviews.instruction.replace(".", " .").split())
-
-    def prompt_tokens(self, k: int) -> int:
-        return self.header_tokens() + k * self.demo_tokens
-
-    def max_k(self, context: int) -> int:
-        """The most demonstrations whose prompt and one query fit ``context`` tokens."""
-        return (context - self.header_tokens() - self.query_tokens) // self.demo_tokens
-
-    def examples(self, n: int, tokens: int, rng: np.random.Generator, prefix: str) -> list[Example]:
-        """``n`` examples whose demonstration (``tokens = demo_tokens``) or query
-        (``tokens = query_tokens``) piece has exactly ``tokens`` tokens."""
-        words = tokens - (5 if tokens == self.demo_tokens else 4)
-        labels = _Reviews.labels
-        return [Example(f"{prefix}-{i}", " ".join(f"w{w}" for w in rng.integers(self.words, size=words)),
-                        labels[int(rng.integers(len(labels)))]) for i in range(n)]
-
-    def tokenizer(self):
-        """A word-level tokenizer of the template's words and ``w0 .. w{words-1}``, BOS prepended."""
-        from tokenizers import Tokenizer, models, pre_tokenizers, processors
-        from transformers import PreTrainedTokenizerFast
-
-        template = {w for text in (_Reviews.instruction, _Reviews.input_prefix, _Reviews.output_prefix,
-                                   *_Reviews.labels) for w in text.replace(".", " .").replace(":", " :").split()}
-        names = ["<pad>", "<s>", "</s>", "<unk>", *sorted(template), *(f"w{i}" for i in range(self.words))]
-        vocab = {name: i for i, name in enumerate(names)}
-        backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-        backend.pre_tokenizer = pre_tokenizers.Whitespace()
-        backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
-        return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                       unk_token="<unk>")
-
-
-class _Reviews(Task):
-    """Rotten Tomatoes' template over synthetic reviews (no data: :class:`SyntheticPrompts` draws them)."""
-
-    name = "synthetic-reviews"
-    labels = ("negative", "positive")
-    verbalizers = {"negative": "negative", "positive": "positive"}
-    instruction = "Classify the sentiment of each review."
-    input_prefix = "Review: "
-    output_prefix = "Sentiment: "
-
-    def load(self) -> list[Example]:
-        return []
-
-
-# ---------------------------------------------------------------- FLOPs projected from the shape
-
-@dataclass(frozen=True)
-class Projection:
-    """What :func:`projected_flops` reads of a model: ``linear``, the FLOPs of its decoder layers'
-    linear maps per token (2 per weight); ``attention``, per (query, key) pair over all layers
-    (``4 * heads * head_dim`` per layer); ``head``, the LM head per position (``2 * hidden * vocab``)."""
-
-    linear: int
-    attention: int
-    head: int
-
-    @classmethod
-    def of(cls, config: PretrainedConfig) -> Projection:
-        model = meta_model(config)
-        head = model.get_output_embeddings()
-        layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
-        text = config.get_text_config()
-        return cls(linear=2 * sum(m.weight.numel() for m in layers),
-                   attention=4 * text.num_hidden_layers * text.num_attention_heads * head_dim(text),
-                   head=2 * text.hidden_size * text.vocab_size)
-
-    def forward(self, rows: int, new: int, cache: int, logits: int) -> int:
-        """A forward of ``new`` tokens in each of ``rows`` rows after ``cache`` slots, the LM head
-        at ``logits`` positions a row; attention counted over every (query, key) pair, masked or
-        not, as ``FlopCounterMode`` counts SDPA."""
-        return rows * (new * self.linear + self.attention * new * (cache + new) + self.head * logits)
-
-
-def projected_flops(p: Projection, evaluator: str, prompt: int, query: int, queries: int,
-                    cache: SSMCompressorConfig | None = None, ssm: int = 0) -> int:
-    """FLOPs per evaluated subset of ``evaluator`` (a name of :func:`evaluators_for`, with
-    ``cache`` the compressor's config and ``ssm`` its counted FLOPs on the prompt for the
-    compressed ones) for a ``prompt``-token prefix and ``queries`` queries of ``query`` tokens.
-
-    The reference of the counted rows (the two agree on the shapes measured; a test holds them
-    together), and the projection where a shape is not measured. The dense prefix computes the LM
-    head at every prompt token (:func:`~icl_ssm.compress.cache.exact_cache`), the lean one at the
-    last; the packed paths read a subset's queries as one row after the prefix."""
-    packed = evaluator.endswith("-packed")
-    after = ((1, queries * query) if packed else (queries, query))  # rows, tokens a row
-
-    def answers(slots: int) -> int:
-        return p.forward(after[0], after[1], slots, queries if packed else 1)
-
-    if evaluator == "dense-per-query":
-        return queries * p.forward(1, prompt + query, 0, 1)
-    if evaluator.startswith("dense"):
-        return p.forward(1, prompt, 0, 1 if "lean" in evaluator else prompt) + answers(prompt)
-    if cache is None:
-        raise ValueError(f"evaluator {evaluator!r} needs the compressor's config")
-    s, v, r = cache.num_sink, cache.num_virtual, cache.num_recent
-    build = p.forward(1, s, 0, s) + ssm + (p.forward(1, r, s + v, r) if r else 0)
-    return build + answers(s + v + r)
-
-
-def ssm_flops(compressor: SSMCompressor, prompt: int) -> int:
-    """FLOPs of ``compressor`` (SSM and head) on one ``prompt``-token prompt, counted on random
-    embeddings (the part of a compressed cache that is not the teacher's)."""
-    c = compressor.config
-    device = next(compressor.parameters()).device
-    embeds = torch.randn(1, prompt, c.teacher_hidden_size, device=device)
-    mask = torch.arange(prompt, device=device)[None] < prompt - c.num_recent
-    counter = flop_counter()
-    with torch.no_grad(), counter:
-        compressor(embeds, mask)
-    return counter.get_total_flops()
-
-
-# ---------------------------------------------------------------- memory
-
-def estimate_bytes(config: PretrainedConfig, dtype: torch.dtype, prompt: int, batch: int = 1,
-                   train_tokens: int = 0) -> dict:
-    """A rough upper estimate of memory: ``weights`` and ``working``, the most a case adds to
-    them: the dense prefix of ``batch`` prompts of ``prompt`` tokens (its K/V at every layer, the
-    LM head's logits at every prompt token, one layer's activations) or, with ``train_tokens``,
-    a distillation step's activations kept for the backward pass over that many query tokens.
-    Refusals read it; the measured peaks are printed beside it."""
-    text = config.get_text_config()
-    b = torch.finfo(dtype).bits // 8
-    H, I, L, V = text.hidden_size, text.intermediate_size, text.num_hidden_layers, text.vocab_size
-    kv = 2 * L * kv_heads(text) * head_dim(text)
-    params = parameter_count(meta_model(config))
-    prefill = batch * prompt * (kv + V + 4 * H + 3 * I) * b
-    train = train_tokens * (L * (12 * H + 4 * I) * b + V * (b + 8)) + 4 * prompt * kv * b
-    return {"weights": params * b, "working": int(1.25 * max(prefill, train))}
-
-
-def memory_limit(device: torch.device) -> int:
-    """Bytes a run may use on ``device``: free GPU memory, or the CPU's ``MemAvailable``."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62  # unknown: no refusal
-
 
 # ---------------------------------------------------------------- the benchmark
 
@@ -417,7 +135,7 @@ class _Bench:
         p = cfg.prompts
         pool = p.examples(max(ks) + 1, p.demo_tokens, rng, "demo")
         validation = p.examples(cfg.queries, p.query_tokens, rng, "query")
-        builder = PromptBuilder.for_model(model, p.tokenizer(), _Reviews())
+        builder = PromptBuilder.for_model(model, p.tokenizer(), SyntheticReviews())
         return cls(cfg, name, config, model, compressors, builder, pool, validation)
 
     def subsets(self, k: int) -> list[list[int]]:
@@ -726,170 +444,3 @@ def run_scale(cfg: ScaleConfig, say: Callable[[str], None] = log) -> dict:
     settings = asdict(cfg)
     return {"settings": settings, "threads": torch.get_num_threads(), "shapes": shapes,
             "wall_seconds": time.perf_counter() - t0, "note": RANDOM_WEIGHTS}
-
-
-
-# ---------------------------------------------------------------- tables
-
-TARGET_K, TARGET_FLOP_SAVING, TARGET_GAP = 50, 4.0, 1.5  # issue #47: at k = 50, >= 4x FLOPs, time within 1.5x
-
-
-def savings(shape: dict) -> list[dict]:
-    """Per ``k``, compressor and dense reference of a measured shape: the FLOP and time saving of
-    the packed compressed evaluator against the packed dense one (prefix shared by the queries),
-    their ratio ``gap`` (FLOP saving / time saving), and the projected FLOP saving beside them."""
-    rows = {(r["k"], r["evaluator"]): r for r in shape.get("rows", [])}
-    projected = {p["k"]: p for p in shape["projected"]}
-    out = []
-    for k in shape["k"]:
-        for c, info in shape["compressors"].items():
-            name = "compressed-packed" if c == "recipe" else f"{c}-compressed-packed"
-            for dense in ("dense-packed", "dense-lean-packed"):
-                d, m = rows.get((k, dense)), rows.get((k, name))
-                flops = time_ = gap = None
-                if d and m:
-                    flops = d["flops_per_subset"] / m["flops_per_subset"]
-                    time_ = d["seconds_per_subset"] / m["seconds_per_subset"]
-                    gap = flops / time_
-                out.append({"k": k, "compressor": c, "cache_slots": info["cache_slots"], "dense": dense,
-                            "flop_saving": flops, "time_saving": time_, "gap": gap,
-                            "projected_flop_saving": projected[k][dense] / projected[k][name]})
-    return out
-
-
-def target(shape: dict) -> dict | None:
-    """Issue #47's target on a measured shape, at k = 50, the recipe's compressor against the packed
-    dense evaluator (both dense references): FLOP saving >= 4x, time saving within 1.5x of it."""
-    out = {}
-    for s in savings(shape):
-        if s["k"] == TARGET_K and s["compressor"] == "recipe" and s["flop_saving"] is not None:
-            out[s["dense"]] = {"flop_saving": s["flop_saving"], "time_saving": s["time_saving"], "gap": s["gap"],
-                               "met": s["flop_saving"] >= TARGET_FLOP_SAVING and s["gap"] <= TARGET_GAP}
-    return out or None
-
-
-def _count(n: float) -> str:
-    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.0f} M"
-
-
-def _x(v: float | None, digits: int = 1) -> str:
-    return "—" if v is None else f"{v:.{digits}f}x"
-
-
-def _g(v: float | None) -> str:
-    return "—" if v is None else f"{v / 1e9:.1f}"
-
-
-def _mem(v: float | None) -> str:
-    return "—" if v is None else f"{v / GiB:.2f}"
-
-
-def scale_markdown(result: dict) -> str:
-    """The run as markdown: shapes and compressors, the savings, every evaluator per subset, the
-    cache builds and the distillation step; refusals and skipped cases said in words."""
-    st = result["settings"]
-    p = st["prompts"]
-    memory = ("peak memory: `torch.cuda.max_memory_allocated` in the timed pass" if st["device"].startswith("cuda")
-              else "peak memory: the resident set of a child process that runs every case once more (the kernel's "
-                   "high-water mark reset before each case, freed memory returned to the system)")
-    lines = [f"**{RANDOM_WEIGHTS}**", "",
-             f"{st['device']}, {st['dtype']}, {result['threads']} torch threads. Per evaluated subset: "
-             f"{st['queries']} queries of {p['query_tokens']} tokens, demonstrations of {p['demo_tokens']} tokens "
-             f"(synthetic tokens, Rotten Tomatoes' lengths); {st['subsets']} measured subset(s) a case, "
-             f"{st['batch'] or 'as many as fit'} a batch; FLOPs counted (`FlopCounterMode`, attention included) in "
-             "a pass of their own, seconds from a pass without the counter; dense per query measured on "
-             f"{st['per_query_queries']} queries and scaled to {st['queries']}; {memory}. `dense-lean`: the dense "
-             "prefix without the LM head over the prompt (`select`'s dense evaluator computes it at every prompt "
-             "token). Projected: FLOPs from the shape (`projected_flops`).", ""]
-    lines += ["| shape | layers | hidden | heads / KV | head_dim | vocab | context | window | parameters | "
-              "weights GiB | compressors: params (cache slots) |",
-              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"]
-    for sh in result["shapes"]:
-        published = f" ({_count(sh['published_params'])} published)" if sh["published_params"] else ""
-        comps = "; ".join(f"{c} {i['params'] / 1e6:.1f} M ({i['cache_slots']})" for c, i in sh["compressors"].items())
-        weights = sh.get("weights_bytes") or sh.get("estimate_bytes", {}).get("weights")
-        lines.append(f"| {sh['shape']} | {sh['layers']} | {sh['hidden']} | {sh['heads']} / {sh['kv_heads']} | "
-                     f"{sh['head_dim']} | {sh['vocab']} | {sh['context']} | {sh['window'] or '—'} | "
-                     f"{_count(sh['params'])}{published} | {_mem(weights)} | {comps} |")
-    refused = [sh for sh in result["shapes"] if sh.get("refused")]
-    for sh in refused:
-        lines += ["", f"**{sh['shape']}: refused**, {sh['refused']}."]
-    for sh in result["shapes"]:
-        for k, why in sh.get("refused_k", {}).items():
-            lines += ["", f"**{sh['shape']}, k = {k}: refused**, {why}."]
-    measured = [sh for sh in result["shapes"] if sh.get("rows")]
-    if measured:
-        lines += ["", "Savings per evaluated subset, packed compressed against packed dense (prefix shared by the "
-                  "queries); FLOPs / time: how far the time saving falls short of the FLOP saving.", "",
-                  "| shape | k | prompt tokens | compressor (slots) | against | FLOP saving | time saving | "
-                  "FLOPs / time | projected FLOP saving |", "|---|---:|---:|---|---|---:|---:|---:|---:|"]
-        for sh in measured:
-            prompts = {p["k"]: p["prompt_tokens"] for p in sh["projected"]}
-            for s in savings(sh):
-                lines.append(f"| {sh['shape']} | {s['k']} | {prompts[s['k']]} | {s['compressor']} "
-                             f"({s['cache_slots']}) | {s['dense']} | {_x(s['flop_saving'])} | {_x(s['time_saving'])} | "
-                             f"{_x(s['gap'], 2)} | {_x(s['projected_flop_saving'])} |")
-        lines += ["", "Per evaluated subset, every evaluator (against the compressed evaluator on the same query "
-                  "path: `-packed` rows against `compressed-packed`, the others against `compressed`).", "",
-                  "| shape | k | evaluator | batch | GFLOP | projected GFLOP | s | peak GiB | above weights GiB | "
-                  "FLOPs vs compressed | time vs compressed |",
-                  "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for sh in measured:
-            projected = {p["k"]: p for p in sh["projected"]}
-            for r in sh["rows"]:
-                note = f" ({r['queries_measured']} queries, scaled)" if "queries_measured" in r else ""
-                lines.append(f"| {sh['shape']} | {r['k']} | {r['evaluator']}{note} | {r['batch']} | "
-                             f"{_g(r['flops_per_subset'])} | {_g(projected[r['k']].get(r['evaluator']))} | "
-                             f"{r['seconds_per_subset']:.3f} | {_mem(r.get('peak_bytes'))} | "
-                             f"{_mem(_above(sh, r))} | {r['flops_vs_compressed']:.1f}x | "
-                             f"{r['seconds_vs_compressed']:.1f}x |")
-        lines += ["", "The cache build alone, per prompt.", "",
-                  "| shape | k | cache | GFLOP | s | peak GiB | above weights GiB |",
-                  "|---|---:|---|---:|---:|---:|---:|"]
-        for sh in measured:
-            for b in sh["builds"]:
-                lines.append(f"| {sh['shape']} | {b['k']} | {b['case']} | {_g(b['flops'])} | {b['seconds']:.3f} | "
-                             f"{_mem(b.get('peak_bytes'))} | {_mem(_above(sh, b))} |")
-        steps = [(sh, d) for sh in measured for d in sh["distill"]]
-        if steps:
-            d0 = steps[0][1]
-            lines += ["", f"One distillation step of the recipe's compressor (stage 2, forward and backward, "
-                      f"{d0['group_size']} prompts x {d0['queries']} queries, teacher targets cached).", "",
-                      "| shape | k | GFLOP | s | peak GiB | above weights GiB |", "|---|---:|---:|---:|---:|---:|"]
-            for sh, d in steps:
-                lines.append(f"| {sh['shape']} | {d['k']} | {_g(d['flops'])} | {d['seconds']:.3f} | "
-                             f"{_mem(d.get('peak_bytes'))} | {_mem(_above(sh, d))} |")
-    for sh in result["shapes"]:
-        if sh.get("memory_not_measured"):
-            lines += ["", f"{sh['shape']}: memory not measured ({sh['memory_not_measured']})."]
-        if sh.get("skipped"):
-            lines += ["", f"{sh['shape']}: skipped when the time budget ran out: {', '.join(sh['skipped'])}."]
-    lines += ["", "Projected FLOPs per evaluated subset (GFLOP; from the shape, the compressors counted).", "",
-              "| shape | k | prompt tokens | dense-packed | dense-lean-packed | dense-per-query | compressed-packed | "
-              "paper-compressed-packed | window-compressed-packed | saving, packed (recipe / paper / window) |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for sh in result["shapes"]:
-        for pr in sh["projected"]:
-            ratio = " / ".join(_x(pr["dense-packed"] / pr[n]) if n in pr else "—"
-                               for n in ("compressed-packed", "paper-compressed-packed", "window-compressed-packed"))
-            gflops = " | ".join(_g(pr.get(n)) for n in ("dense-packed", "dense-lean-packed", "dense-per-query",
-                                                        "compressed-packed", "paper-compressed-packed",
-                                                        "window-compressed-packed"))
-            lines.append(f"| {sh['shape']} | {pr['k']} | {pr['prompt_tokens']} | {gflops} | {ratio} |")
-    for sh in measured:
-        t = target(sh)
-        if t:
-            lines += ["", f"Target at k = {TARGET_K} on {sh['shape']} (recipe, packed; >= {TARGET_FLOP_SAVING:.0f}x "
-                      f"FLOPs, time within {TARGET_GAP}x of it): " + "; ".join(
-                          f"against {d}: {v['flop_saving']:.1f}x FLOPs, {v['time_saving']:.1f}x time, "
-                          f"{'met' if v['met'] else 'not met'}" for d, v in t.items()) + "."]
-    return "\n".join(lines)
-
-
-def _above(shape: dict, row: dict) -> float | None:
-    """Memory a case adds to the weights: measured on the CPU (``working_bytes``), the peak less
-    the memory allocated before the run on a GPU."""
-    if "working_bytes" in row:
-        return row["working_bytes"]
-    base = shape.get("weights_allocated_bytes")
-    return None if base is None or row.get("peak_bytes") is None else row["peak_bytes"] - base

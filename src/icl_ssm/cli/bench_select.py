@@ -10,17 +10,12 @@ import torch
 from icl_ssm import atomic
 from icl_ssm.bench.estimators import estimators, estimators_markdown, estimators_sim
 from icl_ssm.bench.headroom import headroom, headroom_markdown
-from icl_ssm.bench.scale import (
-    PAPER_SHAPES,
-    SHAPES,
-    ScaleConfig,
-    SyntheticPrompts,
-    run_scale,
-    scale_markdown,
-)
+from icl_ssm.bench.scale import ScaleConfig, run_scale
+from icl_ssm.bench.scale_report import scale_markdown
 from icl_ssm.bench.select_cost import select_cost, select_cost_markdown
 from icl_ssm.bench.select_order import select_order, select_order_markdown
 from icl_ssm.bench.select_quality import select_quality, select_quality_markdown
+from icl_ssm.bench.shapes import PAPER_SHAPES, SHAPES, SyntheticPrompts
 from icl_ssm.lm.models import DEFAULT_MODEL
 from icl_ssm.pipeline import RunConfig
 from icl_ssm.select.base import ARRANGE_ORDERS
