@@ -4,6 +4,7 @@ record holds rates, memory and agreement, and carries the provenance a published
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 
 from icl_ssm.bench.answer import AnswerBenchConfig, environment, run_path, summarize, to_markdown
@@ -47,3 +48,28 @@ def test_every_path_answers_and_the_record_compares_them(tmp_path):
 def test_the_command_parses_with_its_paths():
     args = build_parser().parse_args(["bench", "answer", "--paths", "shared-exact", "reencode", "--inputs", "10"])
     assert args.paths == ["shared-exact", "reencode"] and args.inputs == 10
+
+
+def test_a_published_shape_is_measured_for_cost_only(tmp_path):
+    cfg = AnswerBenchConfig(model="tiny-llama", shape="tiny-qwen2", task="coin_flip", task_options={"size": 200},
+                            k=2, inputs=12, reencode_inputs=8, batch=4, pool_size=20, logit_check=4)
+    cfg.validate()
+    threads = torch.get_num_threads()
+    try:
+        runs = {path: run_path(cfg, path) for path in cfg.paths}
+    finally:
+        torch.set_num_threads(threads)
+    assert runs["shared-compressed"]["compressor"] == "random, the recipe's shape"
+    record = summarize(cfg, runs, "icl-ssm bench answer --shape tiny-qwen2", environment())
+    assert record["agreement"]["shared-exact vs reencode"]["identical_answers"] == 8
+    assert record["agreement"]["logit_check"]["vocabulary"] == 2048  # the shape's, not the tiny model's
+    assert "shared-compressed vs shared-exact" not in record["agreement"]  # random answers are not compared
+    assert all("accuracy" not in r for r in record["rows"]) and "random" in record["random_weights"]
+    assert "tiny-qwen2 shape (random weights" in to_markdown(record)
+
+
+@pytest.mark.parametrize("bad, message", [(dict(shape="qwen9"), "accepted: smollm2-135m"),
+                                          (dict(shape="tiny-qwen2", compressor="c"), "give one or the other")])
+def test_a_shape_is_checked_before_anything_loads(bad, message):
+    with pytest.raises(ValueError, match=message):
+        AnswerBenchConfig(**bad).validate()

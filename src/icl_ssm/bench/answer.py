@@ -9,6 +9,11 @@ Each path answers a first batch untimed (warm-up), then the timed inputs; the sh
 time includes encoding the prefix once. The paths run one after another on the same machine
 with the same torch threads: compare ratios within one record, not seconds across records.
 
+With ``shape`` (a name of :data:`icl_ssm.bench.shapes.SHAPES`), the model is that published
+shape with random weights, read through ``model``'s tokenizer, and the compressed path uses a
+random compressor of the recipe's shape: its rates and memory are cost at that size; its answers
+mean nothing, so only the exact path's identity with re-encoding is compared.
+
 The prompt: ``k`` demonstrations drawn at random from a pool of ``pool_size`` (seeded), shared
 out evenly over the labels and interleaved (``select --method random --per-label --order
 interleave``); the inputs: the task's test split of ``inputs`` examples, disjoint from the pool.
@@ -35,7 +40,8 @@ TITLES = {"shared-exact": "prefix encoded once, exact cache", "shared-compressed
 
 @dataclass
 class AnswerBenchConfig:
-    model: str = DEFAULT_MODEL
+    model: str = DEFAULT_MODEL  # with ``shape``: the tokenizer's model only
+    shape: str | None = None  # a bench scale shape with random weights (cost only)
     task: str = "rotten_tomatoes"
     k: int = 20
     inputs: int = 1000  # answered by every path
@@ -58,6 +64,31 @@ class AnswerBenchConfig:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected >= 1")
         if self.reencode_inputs is not None and not 1 <= self.reencode_inputs <= self.inputs:
             raise ValueError(f"--reencode-inputs {self.reencode_inputs}: expected 1 to --inputs {self.inputs}")
+        if self.shape is not None:
+            from icl_ssm.bench.shapes import SHAPES
+
+            if self.shape not in SHAPES:
+                raise ValueError(f"--shape {self.shape!r}; accepted: {', '.join(SHAPES)}")
+            if self.compressor is not None:
+                raise ValueError(f"--compressor {self.compressor!r} with --shape {self.shape}: a shape's compressed "
+                                 "path uses a random compressor of the recipe's shape; give one or the other")
+
+
+def shape_model(cfg: AnswerBenchConfig):
+    """``(model, tokenizer, compressor)`` for ``cfg.shape``: the shape with random weights, the
+    tokenizer of ``cfg.model`` (its ids must fall inside the shape's vocabulary) and a random
+    compressor of the recipe's shape."""
+    from icl_ssm.bench.shapes import build_compressor, build_model, compressor_shapes, shape_config
+    from icl_ssm.lm.models import load_tokenizer
+
+    config = shape_config(cfg.shape)
+    tokenizer = load_tokenizer(cfg.model)
+    vocab = config.get_text_config().vocab_size
+    if len(tokenizer) > vocab:
+        raise ValueError(f"--model {cfg.model!r}: its tokenizer has {len(tokenizer)} tokens, more than shape "
+                         f"{cfg.shape!r}'s vocabulary of {vocab}; pick a model whose tokenizer fits")
+    model = build_model(config, seed=cfg.seed)
+    return model, tokenizer, build_compressor(config, compressor_shapes(config)["recipe"], seed=cfg.seed)
 
 
 def bench_setup(cfg: AnswerBenchConfig, model, tokenizer):
@@ -100,11 +131,16 @@ def run_path(cfg: AnswerBenchConfig, path: str) -> dict[str, Any]:
     from icl_ssm.lm.prompts import PromptBuilder
 
     torch.set_num_threads(cfg.threads)
-    model, tokenizer = load_model(cfg.model)
+    compressor, where = None, None
+    if cfg.shape is not None:
+        model, tokenizer, random_compressor = shape_model(cfg)
+        if path == "shared-compressed":
+            compressor, where = random_compressor, "random, the recipe's shape"
+    else:
+        model, tokenizer = load_model(cfg.model)
     selected, inputs, task = bench_setup(cfg, model, tokenizer)
     builder = PromptBuilder.for_model(model, tokenizer, task)
-    compressor, where = None, None
-    if path == "shared-compressed":
+    if path == "shared-compressed" and compressor is None:
         shipped = find_pretrained(cfg.model, cfg.task, cfg.k)
         where = cfg.compressor or (str(shipped / "compressor") if shipped else None)
         if where is None:
@@ -206,7 +242,7 @@ def summarize(cfg: AnswerBenchConfig, runs: dict[str, dict], command: str, env: 
         row["peak_rss_answering_mib"] = r["peak_rss_mib"] - r["peak_rss_loaded_mib"]
         if base is not None:
             row["x_reencode"] = r["answers_per_second"] / base["answers_per_second"]
-        if all(c is not None for c in r["correct"]):
+        if cfg.shape is None and all(c is not None for c in r["correct"]):
             row["accuracy"] = paired_bootstrap(np.array(r["correct"], dtype=float))
         rows.append(row)
     record: dict[str, Any] = {"settings": asdict(cfg), "rows": rows, "agreement": {}, "provenance": {
@@ -222,7 +258,11 @@ def summarize(cfg: AnswerBenchConfig, runs: dict[str, dict], command: str, env: 
     if exact is not None and "logit_check" in exact:
         record["agreement"]["logit_check"] = exact["logit_check"]
     comp = runs.get("shared-compressed")
-    if comp is not None and exact is not None:
+    if cfg.shape is not None:
+        from icl_ssm.bench.shapes import RANDOM_WEIGHTS
+
+        record["random_weights"] = RANDOM_WEIGHTS + " Only the exact path's identity with re-encoding is compared."
+    elif comp is not None and exact is not None:
         n = min(comp["inputs"], exact["inputs"])
         agree = [a == b for a, b in zip(comp["answers"][:n], exact["answers"][:n], strict=True)]
         entry = {"inputs": n, "agreement_with_dense": float(np.mean(agree)), "agreeing_answers": int(sum(agree))}
@@ -247,11 +287,14 @@ def summarize(cfg: AnswerBenchConfig, runs: dict[str, dict], command: str, env: 
 
 def to_markdown(record: dict[str, Any]) -> str:
     s = record["settings"]
-    lines = [f"Answering {s['task']} with a k = {s['k']} prompt on {s['model']}, batches of {s['batch']}, "
-             f"{s['threads']} torch thread(s):", "",
-             "| path | inputs | answers/s | x re-encoding | peak RSS (MiB) | rise over the model loaded (MiB) "
-             "| accuracy |",
-             "|---|---|---|---|---|---|---|"]
+    on = s["model"] if not s.get("shape") else f"the {s['shape']} shape (random weights, {s['model']}'s tokenizer)"
+    lines = [f"Answering {s['task']} with a k = {s['k']} prompt on {on}, batches of {s['batch']}, "
+             f"{s['threads']} torch thread(s):", ""]
+    if record.get("random_weights"):
+        lines += [f"**{record['random_weights']}**", ""]
+    lines += ["| path | inputs | answers/s | x re-encoding | peak RSS (MiB) | rise over the model loaded (MiB) "
+              "| accuracy |",
+              "|---|---|---|---|---|---|---|"]
     for r in record["rows"]:
         acc = r.get("accuracy")
         lines.append(f"| {r['title']} | {r['inputs']} | {r['answers_per_second']:.2f} | "
@@ -281,6 +324,8 @@ def add_parser(kinds: Any) -> None:
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = AnswerBenchConfig()
     p.add_argument("--model", default=d.model)
+    p.add_argument("--shape", default=d.shape, help="a `bench scale` shape with random weights, read through --model's "
+                   "tokenizer: rates and memory at that size, no quality (default: --model itself)")
     p.add_argument("--task", default=d.task)
     p.add_argument("--k", type=int, default=d.k, help="demonstrations in the prompt")
     p.add_argument("--inputs", type=int, default=d.inputs, help="inputs every path answers")
@@ -295,7 +340,7 @@ def add_parser(kinds: Any) -> None:
                    help="inputs whose full-vocabulary logits the exact path compares with the reference")
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads in every worker")
     p.add_argument("--out", default="bench-answer", help="directory for the JSON and markdown record")
-    p.add_argument("--stem", default=None, help="file name stem (default answer-throughput-TASK-kK)")
+    p.add_argument("--stem", default=None, help="file name stem (default answer-throughput-TASK-kK[-SHAPE])")
     p.set_defaults(func=_main)
 
 
@@ -307,6 +352,6 @@ def _main(args: Any) -> int:
     cfg = replace(cfg, paths=tuple(cfg.paths))
     record = bench_answer(cfg, " ".join(["icl-ssm", *getattr(args, "argv", ["bench", "answer"])]),
                           say=lambda line: print(line, file=sys.stderr, flush=True))
-    stem = args.stem or f"answer-throughput-{cfg.task}-k{cfg.k}"
+    stem = args.stem or f"answer-throughput-{cfg.task}-k{cfg.k}" + (f"-{cfg.shape}" if cfg.shape else "")
     print(atomic.write_result(args.out, stem, record, to_markdown))
     return 0

@@ -173,6 +173,25 @@ def load_model(
     return _finalise(model, tokenizer, dtype=torch_dtype, device=device)
 
 
+def load_tokenizer(
+    name_or_path: str | os.PathLike[str] = DEFAULT_MODEL,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> PreTrainedTokenizerBase:
+    """The tokenizer :func:`load_model` returns for ``name_or_path``, without reading its weights
+    for an embedded name or a local directory (anything else loads the model for it)."""
+    name = os.fspath(name_or_path)
+    path = Path(name).expanduser()
+    spec = EMBEDDED_MODELS.get(name.strip().lower())
+    if spec is not None and not path.exists():
+        if spec.kind == "tiny":
+            return tiny_tokenizer()
+        return AutoTokenizer.from_pretrained(embedded_model_dir(spec, cache_dir=cache_dir))
+    if path.is_dir():
+        return AutoTokenizer.from_pretrained(_check_model_dir(path))
+    return load_model(name_or_path, cache_dir=cache_dir)[1]
+
+
 def embedded_model_dir(
     name: str | ModelSpec,
     *,
