@@ -228,15 +228,16 @@ def _tiny_loader(calls: list | None = None, delay: float = 0.0):
     return loader
 
 
-def write_gguf(path: Path, arch: str = "llama", **metadata: int) -> Path:
-    """A tiny GGUF file: ``arch``'s shape keys, ``metadata`` as ``<arch>.<key>`` (uint32), a
-    short vocabulary array and two small float tensors; enough for its metadata to be read."""
+def write_gguf(path: Path, arch: str = "llama", context: int = 512, **metadata: int) -> Path:
+    """A tiny GGUF file: ``arch``'s shape keys, a ``context``-token context, ``metadata`` as
+    ``<arch>.<key>`` (uint32), a short vocabulary array and two small float tensors; enough for
+    its metadata to be read."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny {arch}")
     writer.add_block_count(2)
-    writer.add_context_length(512)
+    writer.add_context_length(context)
     writer.add_embedding_length(32)
     writer.add_feed_forward_length(64)
     writer.add_head_count(4)
@@ -379,13 +380,13 @@ def _no_conversion(path):
 @pytest.mark.parametrize(
     ("arch", "metadata", "match"),
     [
-        # transformers' phi3 GGUF config leaves the window out: served, every layer would attend past it
-        ("phi3", {"attention.sliding_window": 64}, r"sliding-window attention \(phi3.attention.sliding_window=64, "
-                                                   r"phi3.context_length=512\) but the config transformers reads"),
+        # a Llama config has no window field: served, every layer would attend past the file's window
+        ("llama", {"attention.sliding_window": 64}, r"sliding-window attention \(llama.attention.sliding_window=64, "
+                                                    r"llama.context_length=512\) but the config transformers reads"),
         ("rwkv6", {}, "transformers .* cannot load it from GGUF .*architectures it loads: llama"),
         ("mamba", {}, r"model type 'mamba' is not supported: .*linear_attention"),
     ],
-    ids=["phi3-swa-lost", "unknown-arch", "mamba"],
+    ids=["llama-swa-lost", "unknown-arch", "mamba"],
 )
 def test_gguf_refused_from_metadata_before_conversion(tmp_path, monkeypatch, arch, metadata, match):
     path = write_gguf(tmp_path / f"{arch}.gguf", arch, **metadata)
@@ -405,8 +406,9 @@ def test_gguf_refused_from_metadata_before_conversion(tmp_path, monkeypatch, arc
 @pytest.mark.parametrize(
     ("arch", "metadata"),
     [("llama", {}), ("qwen2", {}), ("llama", {"attention.sliding_window": 512}),
-     ("gemma2", {"attention.sliding_window": 8}), ("gemma3", {"attention.sliding_window": 8})],
-    ids=["llama", "qwen2", "window-covers-context", "gemma2-swa", "gemma3-swa"],
+     ("gemma2", {"attention.sliding_window": 8}), ("gemma3", {"attention.sliding_window": 8}),
+     ("mistral", {}), ("mistral", {"attention.sliding_window": 8}), ("phi3", {"attention.sliding_window": 64})],
+    ids=["llama", "qwen2", "window-covers-context", "gemma2-swa", "gemma3-swa", "mistral", "mistral-swa", "phi3-swa"],
 )
 def test_check_gguf_accepts_served_architectures(tmp_path, arch, metadata):
     config = validate_gguf(write_gguf(tmp_path / "ok.gguf", arch, **metadata))
@@ -414,6 +416,15 @@ def test_check_gguf_accepts_served_architectures(tmp_path, arch, metadata):
     assert (config.num_hidden_layers, config.hidden_size, config.max_position_embeddings) == (2, 32, 512)
     if "attention.sliding_window" in metadata and arch != "llama":
         assert config.sliding_window == metadata["attention.sliding_window"]  # the window carried into the config
+
+
+def test_a_mistral_gguf_without_a_window_gets_none(tmp_path):
+    """transformers gives a Mistral GGUF config its class default window (4,096) whatever the file
+    says; a file that declares none, with a longer context, must attend to all of it."""
+    config = validate_gguf(write_gguf(tmp_path / "m.gguf", "mistral", context=8192))
+    assert config.sliding_window is None
+    model = lm_gguf.AutoModelForCausalLM.from_config(config)
+    assert model.config.sliding_window is None
 
 
 def test_gguf_metadata_reads_scalars_not_arrays(fake_gguf):

@@ -72,9 +72,10 @@ def validate_gguf(path: str | os.PathLike[str]) -> PretrainedConfig:
     Reads no tensor, so it takes seconds where a conversion (:func:`convert_gguf`) takes
     minutes. Refused, as :class:`UnsupportedModelError` naming the file and its
     ``general.architecture``: an architecture transformers cannot load from GGUF, a sliding
-    window (``<arch>.attention.sliding_window`` below ``<arch>.context_length``) that the config
-    transformers reads from the file leaves out (the model would attend past its window), and
-    whatever :func:`validate_supported` refuses in that config. Returns that config.
+    window (:func:`declared_window`) that the config transformers reads from the file cannot
+    carry (the model would attend past its window), and whatever :func:`validate_supported`
+    refuses in that config. Returns that config, its window set to the file's
+    (:func:`carry_window`).
     """
     path = Path(path)
     metadata = gguf_metadata(path)
@@ -92,19 +93,53 @@ def validate_gguf(path: str | os.PathLike[str]) -> PretrainedConfig:
             f"{where} is not supported: transformers {transformers.__version__} cannot load it from GGUF ({err}); "
             f"architectures it loads: {', '.join(_gguf_architectures()) or 'unknown'}. {SERVED}"
         ) from None
-    window = metadata.get(f"{arch}.attention.sliding_window")
-    context = metadata.get(f"{arch}.context_length")
-    if window and (context is None or window < context) and sliding_window(config) is None:
+    if not carry_window(config, metadata):
         raise UnsupportedModelError(
-            f"{where} is not supported: it uses sliding-window attention ({arch}.attention.sliding_window={window}, "
-            f"{arch}.context_length={context}) but the config transformers reads from it has no window, so every "
-            f"layer would attend past it. {SERVED}"
+            f"{where} is not supported: it uses sliding-window attention ({arch}.attention.sliding_window="
+            f"{metadata.get(f'{arch}.attention.sliding_window')}, {arch}.context_length="
+            f"{metadata.get(f'{arch}.context_length')}) but the config transformers reads from it "
+            f"({type(config).__name__}) has no window, so every layer would attend past it. {SERVED}"
         )
     try:
         validate_supported(config)
     except UnsupportedModelError as err:
         raise UnsupportedModelError(f"{where}: {err}") from None
     return config
+
+
+def declared_window(metadata: dict[str, Any]) -> int | None:
+    """The sliding window a GGUF file declares (``<arch>.attention.sliding_window``), None when it
+    declares none or one that covers its whole context (``<arch>.context_length``)."""
+    arch = metadata.get("general.architecture")
+    window = metadata.get(f"{arch}.attention.sliding_window")
+    context = metadata.get(f"{arch}.context_length")
+    return int(window) if window and (context is None or window < context) else None
+
+
+def carry_window(config: PretrainedConfig, metadata: dict[str, Any]) -> bool:
+    """Give ``config`` the sliding window its GGUF file declares (:func:`declared_window`), in place.
+
+    transformers does not read the window of every architecture from GGUF: a Mistral config
+    takes its class default (4,096 tokens) whatever the file says, window or none, and a Phi-3
+    config none. Where the config can hold a window (a ``sliding_window`` field), it is set to
+    the file's (None where the file declares none); where it cannot and the file declares one,
+    False: the model cannot be served as the file describes it."""
+    text = config.get_text_config()
+    want = declared_window(metadata)
+    context = metadata.get(f"{metadata.get('general.architecture')}.context_length")
+    have = sliding_window(config)
+    if have is not None and context is not None and have >= context:
+        have = None  # a window that covers the context changes nothing
+    if have == want:
+        return True
+    if "sliding_window" not in text.to_dict():
+        return want is None
+    if getattr(text, "layer_types", None) and want is not None and not any("sliding" in t for t in text.layer_types):
+        return False  # every layer is declared full: a window would have no layer to apply to
+    text.sliding_window = want
+    if want is not None and getattr(text, "use_sliding_window", None) is False:
+        text.use_sliding_window = True
+    return True
 
 
 def _gguf_architectures() -> list[str]:
@@ -122,6 +157,7 @@ def load_gguf(path: str | os.PathLike[str]) -> tuple[PreTrainedModel, PreTrained
     model = AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32
     )
+    carry_window(model.config, gguf_metadata(path))  # the window the file declares (validate_gguf checked it)
     return model, tokenizer
 
 
