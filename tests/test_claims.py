@@ -117,3 +117,19 @@ def test_exact_share_brackets_the_windows_that_meet_both_targets():
                "rows": [{"cache": f"window: 4 sinks + last {w} tokens", "tokens": int(w) + 4} for w in windows],
                "windows": {w: {"subset_loss_spearman": s, "kl": kl} for w, (s, kl) in windows.items()}}
     assert claims.exact_share(recency) == (pytest.approx(0.36), pytest.approx(0.68))
+
+
+def test_a_changed_trust_record_fails_the_trust_targets_table(copy):
+    """BENCHMARKS' trust targets are rendered from their records: a changed rate is caught."""
+    path = copy / claims.RESULTS / "handover-simulation-rotten_tomatoes-k20.json"
+    record = json.loads(path.read_text())
+    row = next(r for r in record["rows"] if (r["check_size"], r["random_prompts"]) == (128, 8))
+    row["better_new_rate"] = 0.85
+    path.write_text(json.dumps(record))
+    problems = claims.check(copy)
+    assert len(problems) == 1
+    assert "BENCHMARKS.md" in problems[0] and "'trust-targets'" in problems[0]
+    assert "16 where the records give 85" in problems[0]
+    assert "docs/results/handover-simulation-rotten_tomatoes-k20.json" in problems[0]
+    assert claims.check(copy, write=True) == []
+    assert "85% at the default 128 examples x 8 random prompts" in (copy / "BENCHMARKS.md").read_text()
