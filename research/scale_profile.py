@@ -3,7 +3,7 @@ one compressed-packed and one dense-packed evaluation (random weights, synthetic
 `icl-ssm bench scale` builds them), the time split into the matrix products, attention and the
 rest, with each part's FLOPs (FlopCounterMode) and rate.
 
-    python research/scale_profile.py [--shape qwen2.5-0.5b] [--k 50] [--queries 8] [--rows 12]
+    python research/scale_profile.py [--shape qwen2.5-0.5b] [--k 50] [--queries 8] [--rows 12] [--out F.json]
 
 It says what bounds the wall-time saving against the FLOP saving: the compressed path's FLOPs
 are spent at a lower rate when its time goes to work the counter does not see (the scan's
@@ -12,13 +12,16 @@ elementwise steps, copies, small kernels) or to matrix products too small to run
 
 import argparse
 import json
+import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from icl_ssm.bench import scale, shapes
 from icl_ssm.cost import flop_counter
+from icl_ssm.provenance import provenance
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")
 ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_efficient_attention",
@@ -42,7 +45,10 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=50)
     ap.add_argument("--queries", type=int, default=8)
     ap.add_argument("--rows", type=int, default=12, help="top ops printed per path")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (bench scale's CPU record used 1)")
+    ap.add_argument("--out", default=None, help="write the JSON record here too (atomically)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     cfg = scale.ScaleConfig(shapes=(args.shape,), k=(args.k,), queries=args.queries)
     bench = scale._Bench.build(cfg, args.shape, [args.k])
     evaluators = bench.evaluators(args.k, 1)
@@ -68,7 +74,13 @@ def main() -> None:
     c, d = out["compressed-packed"], out["dense-packed"]
     out["flop_saving"] = d["gflops"] / c["gflops"]
     out["time_saving"] = d["seconds"] / c["seconds"]
-    print(json.dumps(out, indent=1))
+    out["provenance"] = provenance("python research/scale_profile.py " + " ".join(sys.argv[1:]))
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.out:
+        tmp = Path(args.out).with_suffix(".tmp")
+        tmp.write_text(text + "\n")
+        tmp.replace(args.out)
 
 
 if __name__ == "__main__":

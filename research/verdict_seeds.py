@@ -15,32 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import sys
-from datetime import date
 from pathlib import Path
-
-import torch
-import transformers
 
 from icl_ssm import atomic
 from icl_ssm.compress.pretrained import find_pretrained
 from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
 from icl_ssm.evaluate.verdict import fidelity_verdict
 from icl_ssm.pipeline import RunConfig
+from icl_ssm.provenance import provenance
 
 TASK = "rotten_tomatoes"
-
-
-def provenance(argv: list[str]) -> dict:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    return {"command": "python research/verdict_seeds.py " + " ".join(argv), "commit": commit,
-            "date": date.today().isoformat(),
-            "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, "
-                       f"{'cuda' if torch.cuda.is_available() else 'cpu'}",
-            "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def one(k: int, seed: int, cfg: RunConfig) -> dict:
@@ -64,12 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = atomic.prepare_dir(args.out)
     cfg = RunConfig()
+    command = "python research/verdict_seeds.py " + " ".join(argv)
     rows = []
     for k in args.ks:
         for seed in args.seeds:
             path = out / f"k{k}-seed{seed}.json"
             if not path.exists():
-                atomic.write_json(path, {**one(k, seed, cfg), "provenance": provenance(argv)})
+                atomic.write_json(path, {**one(k, seed, cfg), "provenance": provenance(command)})
             row = json.loads(path.read_text())
             rows.append({key: row[key] for key in ("k", "seed", "compressor", "subsets", "queries", "verdict",
                                                    "checks", "summary", "provenance")})
@@ -77,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     same = {k: len({r["verdict"] for r in rows if r["k"] == k}) == 1 for k in args.ks}
     atomic.write_json(out / "verdicts.json", {"task": TASK, "seeds": args.seeds, "ks": args.ks,
                                               "same_verdict_at_every_seed": same, "runs": rows,
-                                              "provenance": provenance(argv)})
+                                              "provenance": provenance(command)})
     return 0
 
 

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from icl_ssm.bench.answer import AnswerBenchConfig, environment, run_path, summarize, to_markdown
+from icl_ssm.bench.answer import AnswerBenchConfig, run_path, summarize, to_markdown
 from icl_ssm.cli import build_parser
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.lm.tiny import tiny_model
+from icl_ssm.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +29,7 @@ def test_every_path_answers_and_the_record_compares_them(tmp_path):
     finally:
         torch.set_num_threads(threads)
     assert runs["reencode"]["inputs"] == 16 and runs["shared-exact"]["inputs"] == 24
-    record = summarize(cfg, runs, "icl-ssm bench answer", environment())
+    record = summarize(cfg, runs, provenance("icl-ssm bench answer"))
     agreement = record["agreement"]["shared-exact vs reencode"]
     assert agreement == {"inputs": 16, "identical_answers": 16, "max_abs_label_score_diff": agreement[
         "max_abs_label_score_diff"]} and agreement["max_abs_label_score_diff"] < 1e-4
@@ -60,7 +61,7 @@ def test_a_published_shape_is_measured_for_cost_only(tmp_path):
     finally:
         torch.set_num_threads(threads)
     assert runs["shared-compressed"]["compressor"] == "random, the recipe's shape"
-    record = summarize(cfg, runs, "icl-ssm bench answer --shape tiny-qwen2", environment())
+    record = summarize(cfg, runs, provenance("icl-ssm bench answer --shape tiny-qwen2"))
     assert record["agreement"]["shared-exact vs reencode"]["identical_answers"] == 8
     assert record["agreement"]["logit_check"]["vocabulary"] == 2048  # the shape's, not the tiny model's
     assert "shared-compressed vs shared-exact" not in record["agreement"]  # random answers are not compared

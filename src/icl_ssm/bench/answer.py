@@ -201,31 +201,13 @@ def bench_answer(cfg: AnswerBenchConfig, command: str, say=print) -> dict[str, A
         runs[path] = json.loads(proc.stdout.strip().splitlines()[-1])
         say(f"bench answer: {path}: {runs[path]['answers_per_second']:.2f} answers/s, peak RSS "
             f"{runs[path]['peak_rss_mib']:.0f} MiB")
-    return summarize(cfg, runs, command, environment())
+    from icl_ssm.provenance import provenance
+
+    return summarize(cfg, runs, provenance(command))
 
 
-def environment() -> dict[str, Any]:
-    """Commit, machine, date and library versions, for a record's provenance."""
-    import os
-    from datetime import date
-    from pathlib import Path
-
-    import torch
-    import transformers
-
-    from icl_ssm.bench.scan import machine
-
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip() or None
-    m = machine()
-    return {"commit": commit, "date": date.today().isoformat(), "torch": m["torch"],
-            "machine": f"{m['processor']}, {os.cpu_count()} cores, {m['platform']}, "
-                       f"{'cuda' if torch.cuda.is_available() else 'cpu'}",
-            "transformers": transformers.__version__}
-
-
-def summarize(cfg: AnswerBenchConfig, runs: dict[str, dict], command: str, env: dict) -> dict[str, Any]:
-    """The record of ``runs`` (path -> :func:`run_path`'s result)."""
+def summarize(cfg: AnswerBenchConfig, runs: dict[str, dict], provenance: dict) -> dict[str, Any]:
+    """The record of ``runs`` (path -> :func:`run_path`'s result), with its ``provenance`` block."""
     from icl_ssm.evaluate.stats import paired_bootstrap
 
     rows = []
@@ -245,8 +227,7 @@ def summarize(cfg: AnswerBenchConfig, runs: dict[str, dict], command: str, env: 
         if cfg.shape is None and all(c is not None for c in r["correct"]):
             row["accuracy"] = paired_bootstrap(np.array(r["correct"], dtype=float))
         rows.append(row)
-    record: dict[str, Any] = {"settings": asdict(cfg), "rows": rows, "agreement": {}, "provenance": {
-        "command": command, **env}}
+    record: dict[str, Any] = {"settings": asdict(cfg), "rows": rows, "agreement": {}, "provenance": provenance}
     if exact is not None and base is not None:  # the same inputs, first reencode_inputs of them
         n = base["inputs"]
         same = [a == b for a, b in zip(exact["answers"][:n], base["answers"], strict=True)]

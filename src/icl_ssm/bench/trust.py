@@ -18,12 +18,9 @@ distilled, so a task without a shipped compressor is distilled once, not once pe
 from __future__ import annotations
 
 import json
-import platform
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
-from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +32,7 @@ from icl_ssm.evaluate.stats import paired_bootstrap
 from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.pipeline import RunConfig, run_pipeline, run_splits
+from icl_ssm.provenance import environment
 from icl_ssm.select.check import random_prompts
 from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.per_query import per_query_selection
@@ -124,18 +122,6 @@ def _accuracy(row: dict) -> float:
     """A prompt's test accuracy from its per-example answers, in the precision the handed-over
     prompt's is computed in: a tie in correct answers compares equal (a float32 accuracy would not)."""
     return float(np.mean(row["correct"])) if row.get("correct") is not None else float(row["accuracy"])
-
-
-def environment() -> dict[str, Any]:
-    """Commit, machine, date and library versions, for a record."""
-    import torch
-    import transformers
-
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip() or None
-    return {"commit": commit, "date": date.today().isoformat(), "machine": f"{platform.machine()}, "
-            f"{torch.get_num_threads()} torch threads, {'cuda' if torch.cuda.is_available() else 'cpu'}",
-            "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def run_trust(tasks: Sequence[str], seeds: Sequence[int], out: str | Path, *, random: int = 16,

@@ -18,6 +18,7 @@ from icl_ssm.bench.select_quality import select_quality, select_quality_markdown
 from icl_ssm.bench.shapes import PAPER_SHAPES, SHAPES, SyntheticPrompts
 from icl_ssm.lm.models import DEFAULT_MODEL
 from icl_ssm.pipeline import RunConfig
+from icl_ssm.provenance import provenance
 from icl_ssm.select.base import ARRANGE_ORDERS
 from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.run import ORDERS
@@ -57,33 +58,6 @@ def _run_scale(args: argparse.Namespace) -> int:
     text = atomic.write_result(args.out, "scale", result, scale_markdown) if args.out else scale_markdown(result)
     print(text)
     return 0
-
-
-def provenance(command: str, device: str) -> dict:
-    """A record's provenance: the command, commit, machine, date and library versions
-    (:func:`icl_ssm.bench.trust.environment`), the device's name and the files that differed
-    from the commit when it ran."""
-    import os
-    import platform
-    import subprocess
-    from pathlib import Path
-
-    from icl_ssm.bench.trust import environment
-
-    if torch.device(device).type == "cuda":
-        name = torch.cuda.get_device_name(torch.device(device))
-    else:
-        name = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as f:
-                name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
-        except OSError:
-            pass
-        name = f"{name}, {os.cpu_count()} cores"
-    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.split("\n")
-    return {"command": command, **environment(), "device_name": name,
-            "modified_files": [line[3:] for line in status if line.strip()]}
 
 
 def add_kinds(kinds: argparse._SubParsersAction) -> None:
