@@ -133,3 +133,28 @@ def test_a_changed_trust_record_fails_the_trust_targets_table(copy):
     assert "docs/results/handover-simulation-rotten_tomatoes-k20.json" in problems[0]
     assert claims.check(copy, write=True) == []
     assert "85% at the default 128 examples x 8 random prompts" in (copy / "BENCHMARKS.md").read_text()
+
+
+def test_a_record_that_is_a_list_of_runs_needs_provenance_on_each_run(copy):
+    path = copy / claims.RESULTS / "per-query-k20-rotten_tomatoes.json"
+    runs = json.loads(path.read_text())
+    del runs[3]["provenance"]["commit"]
+    path.write_text(json.dumps(runs))
+    with pytest.raises(claims.ClaimError, match=r"per-query-k20-rotten_tomatoes.json\[3\]: provenance lacks commit"):
+        claims.check(copy)
+
+
+def test_a_changed_fidelity_record_fails_the_ssm_reads_table(copy):
+    path = copy / claims.RESULTS / "ssm-input-coin_flip-k20.json"
+    record = json.loads(path.read_text())
+    record["also"]["layer2"]["logit_mse"] = 9.99
+    path.write_text(json.dumps(record))
+    problems = claims.check(copy)
+    assert len(problems) == 1 and "'ssm-reads'" in problems[0]
+    assert "3.37 where the records give 9.99" in problems[0]
+
+
+def test_from_k_is_the_smallest_k_after_which_a_statement_always_holds():
+    assert claims.from_k([5, 10, 20, 40], lambda k: k != 10) == 20
+    assert claims.from_k([5, 10, 20], lambda k: k < 20) is None
+    assert claims.rate(0.735) == "73.5" and claims.rate(0.16) == "16"
