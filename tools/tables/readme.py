@@ -1,0 +1,124 @@
+"""README's 'What it achieves today': one row per headline claim, each from the records behind it.
+
+Reads the records the BENCHMARKS tables it sums up read: the cost (``select-cost-attention.json``), the
+ranking fidelity at k = 20 and 50, selection quality (``bench select-order``), the prompt search at equal
+time, the pre-registered trust runs and the synthetic regression; their readers come from
+:mod:`.selection`, :mod:`.fidelity` and :mod:`.trust`.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from .base import Records, ci, mean_sd, pct, sd, table
+from .fidelity import k20_paths, k20_seeds
+from .selection import METHODS, orders_averaged, test_size
+from .trust import trust_counts
+
+
+def readme_results(records: Records) -> str:
+    """README's 'What it achieves today'."""
+    link = records.link
+    rows = []
+
+    cost = records("select-cost-attention.json")
+    by = {(r["k"], r["evaluator"]): r for r in cost["rows"]}
+    rows.append([
+        "cost of scoring a subset, k = 50",
+        f"{by[50, 'dense']['flops_vs_compressed']:.1f}x fewer FLOPs than a dense prefix shared by the queries "
+        f"({by[50, 'dense-packed']['flops_vs_compressed']:.1f}x, both packed)",
+        f"dense per query: {by[50, 'dense-per-query']['flops_vs_compressed']:.1f}x more",
+        f"FLOPs counted (attention included), {cost['queries']} queries, the shipped k = 20 compressor (36 slots) "
+        "read at k = 50; counts do not vary between runs; "
+        + link("select-cost-attention.json")])
+
+    g0, _ = k20_seeds(records)
+    seeds, controls = k20_paths(records, "subset_loss_spearman")
+    rows.append([
+        "subset ranking vs dense (Spearman), k = 20, 36 slots",
+        f"{statistics.fmean(seeds):.2f} ± {sd(seeds):.2f} (3 training seeds; shipped: {seeds[0]:.2f} "
+        f"{ci(g0['subset_loss_spearman_ci95'])})",
+        f"prompt-independent control {statistics.fmean(controls):.2f} ± {sd(controls):.2f}; "
+        f"window {g0['window_subset_loss_spearman']:.2f}",
+        f"{g0['subsets']} held-out subsets x {g0['queries']} queries; interval resamples subsets; ± sample sd "
+        f"over training seeds; {link('ssm-input-rotten_tomatoes-k20.json')}, {link('seeds-rotten_tomatoes-k20.json')}"])
+
+    big = records("ssm-input-rotten_tomatoes-k50-96x64.json")
+    s0 = records("k50-recent128-rotten_tomatoes.json")
+    s1 = records("k50-recent128-seed1-rotten_tomatoes.json")
+    rows.append([
+        "subset ranking vs dense (Spearman), k = 50, 148 slots",
+        f"shipped: {big['subset_loss_spearman']:.2f} {ci(big['subset_loss_spearman_ci95'])} on "
+        f"{big['subsets']} x {big['queries']}; {s0['subset_loss_spearman']:.2f} and {s1['subset_loss_spearman']:.2f} "
+        f"(2 training seeds) on {s0['subsets']} x {s0['queries']}",
+        f"control {big['control_subset_loss_spearman']:.2f}, window {big['window_subset_loss_spearman']:.2f} "
+        f"({big['subsets']} x {big['queries']}); control {s0['control_subset_loss_spearman']:.2f}, "
+        f"{s1['control_subset_loss_spearman']:.2f}, window {s0['window_subset_loss_spearman']:.2f} "
+        f"({s0['subsets']} x {s0['queries']})",
+        f"held-out subsets x queries; interval resamples subsets; {link('ssm-input-rotten_tomatoes-k50-96x64.json')}, "
+        f"{link('k50-recent128-rotten_tomatoes.json')}, {link('k50-recent128-seed1-rotten_tomatoes.json')}"])
+
+    def selection_row(measure: str, name: str, ours: list[str], beside: list[str], extra: dict | None = None) -> None:
+        order = records(name)
+        acc = orders_averaged(order)
+        if extra:
+            acc.update(extra)
+        fmt = lambda ms: "; ".join(f"{METHODS[m]} {mean_sd(acc[m])}" for m in ms if m in acc)  # noqa: E731
+        rows.append([measure, fmt(ours), fmt(beside),
+                     f"{test_size(order, records)} (accuracy averaged over the orders, then mean ± sample sd over "
+                     f"seeds); {link(name)}"])
+
+    bridge = orders_averaged(records("select-order-k20-bridge-gradce.json"))
+    selection_row("selection, k = 20, pool 100 (test accuracy, %)", "select-order-perm8-k20-rotten_tomatoes.json",
+                  ["affinity", "affinity:dense"], ["random", "topk", "bm25", "bridge"],
+                  {"bridge": bridge["bridge:dense"]})
+    selection_row("selection, k = 20, `--per-label` (test accuracy, %)",
+                  "select-order-perm8-k20-per-label-rotten_tomatoes.json",
+                  ["affinity", "affinity:dense"], ["random", "topk", "bm25"])
+    selection_row("selection, k = 50, pool 200 (test accuracy, %)", "select-order-perm8-k50-rotten_tomatoes.json",
+                  ["affinity", "affinity:dense"], ["random", "topk", "bm25"])
+
+    two = records("search-equal-time-rotten_tomatoes-2min.json")["summary"]["budgets"]["2.0"]
+    six = records("search-equal-time-rotten_tomatoes-6min.json")["summary"]["budgets"]["6.0"]
+
+    def arm(s: dict, name: str) -> str:
+        vs = s[name]["vs_cheapest"]
+        return f"{name} {100 * vs['mean']:+.1f} {ci([100 * c for c in vs['ci95']], '+.1f')}"
+
+    rows.append([
+        "prompt search at equal time: a screen before the dense confirmation, minus no screen (points)",
+        f"2 min: {arm(two, 'compressed')}, {arm(two, 'control')}; 6 min: {arm(six, 'compressed')}, "
+        f"{arm(six, 'control')}",
+        f"no screen: {pct(two['none']['mean'])} (2 min), {pct(six['none']['mean'])} (6 min) test accuracy; "
+        "the pre-registered rule gives no screen",
+        f"Rotten Tomatoes, {two['none']['runs']} seeds at 2 min, {six['none']['runs']} at 6 min, 400 test examples; "
+        f"interval resamples seeds and examples; {link('search-equal-time-rotten_tomatoes-2min.json')}, "
+        f"{link('search-equal-time-rotten_tomatoes-6min.json')}"])
+
+    runs = [r for _, r in records.glob("trust-search/*.json")]
+    if runs:
+        c = trust_counts(runs)
+        tasks = sorted({r["task"] for r in runs})
+        rows.append([
+            "`run`'s handed-over prompt on unseen seeds (pre-registered: seeds 5-9, 3 tasks)",
+            f"at or above the median random prompt in {c['at_or_above_median']} of {c['runs']} runs, above 3/4 of "
+            f"them in {c['at_or_above_three_quarters']}; shown better than the median in {c['shown_better']}",
+            "16 plain random prompts per run on the same test examples",
+            f"{c['runs']} of 15 runs finished ({', '.join(tasks)}); 400 test examples each; "
+            "[records](docs/results/trust-search/)"])
+
+    syn = records("synthetic-products-select-k20.json")
+    q64 = records("synthetic-products-fidelity-q64.json")
+    q16 = records("synthetic-products-fidelity-q16.json")
+    s = {r["method"]: r for r in syn["summary"]}
+    rows.append([
+        "synthetic regression, k = 20: SSM on products of neighbouring tokens (`--pair-size`)",
+        f"subset ranking {q64['compressed']['spearman']:.2f} at {q64['queries']} queries "
+        f"({q16['compressed']['spearman']:.2f} at {q16['queries']}); selection test MSE "
+        f"{s['affinity-compressed']['mse']:.3f} (dense evaluator {s['affinity-dense']['mse']:.3f})",
+        f"control {q64['control']['spearman']:.2f}, window {q64['window']['spearman']:.2f}; random prompt "
+        f"{s['random']['mse']:.3f}, topk {s['topk']['mse']:.3f}",
+        f"{q64['subsets']} subsets; MSE mean over {s['random']['seeds']} seeds; "
+        f"{link('synthetic-products-select-k20.json')}, "
+        f"{link('synthetic-products-fidelity-q64.json')}, {link('synthetic-products-fidelity-q16.json')}"])
+    return table(["measure", "icl-ssm", "beside it", "rests on"], rows)

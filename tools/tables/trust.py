@@ -1,0 +1,251 @@
+"""BENCHMARKS' 'Selection a user can trust': its targets, and the pre-registered evaluation run by run.
+
+The targets read the records of ``research/prompt_correctness.py``, ``research/handover_simulation.py`` and
+``research/verdict_simulation.py`` (rates over draws, :func:`rate`), the prompt search at equal time
+(``bench search``), ``select --budget``'s reliability and ``bench select-cost``'s wall-time against FLOP
+savings; the run table reads each ``trust-search/*.json`` run and places its handed-over prompt among the
+random and retrieval prompts in correct test answers (:func:`placed`, :func:`trust_counts`).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from .base import Records, ci, cite, table
+
+RETRIEVAL = ("bm25", "topk", "bm25 (per query)")
+
+
+def placed(run: dict) -> dict:
+    """Where a trust run's handed-over prompt stands, counted in correct test answers (a tie is
+    "at"): ``{"plain": n at or above, "plain_count", "balanced", "balanced_count", "retrieval": bool}``.
+    From the per-example answers a record stores (``prompts_on_test``), else its stored counts."""
+    answers = {name: sum(row["correct"]) for name, row in (run.get("prompts_on_test") or {}).items()}
+    if "handed-over" not in answers:
+        return {"plain": run["plain"]["at_or_above"], "plain_count": run["plain"]["count"],
+                "balanced": (run.get("balanced") or {}).get("at_or_above"),
+                "balanced_count": (run.get("balanced") or {}).get("count"),
+                "retrieval": bool(run.get("at_or_above_retrieval"))}
+    mine = answers["handed-over"]
+    out = {}
+    for kind in ("plain", "balanced"):
+        group = [v for n, v in answers.items() if n.startswith(f"{kind}-")]
+        out[kind], out[f"{kind}_count"] = sum(mine >= v for v in group), len(group)
+    retrieval = [answers[n] for n in RETRIEVAL if n in answers]
+    out["retrieval"] = bool(retrieval) and mine >= max(retrieval)
+    return out
+
+
+def trust_counts(runs: list[dict]) -> dict[str, int]:
+    where = [placed(r) for r in runs if r.get("plain")]
+    shown = [r for r in runs if r.get("plain") and r.get("task") in ("rotten_tomatoes", "cr")]
+    return {"runs": len(runs),
+            "at_or_above_median": sum(w["plain"] >= w["plain_count"] / 2 for w in where),
+            "at_or_above_three_quarters": sum(w["plain"] >= 0.75 * w["plain_count"] for w in where),
+            "at_or_above_retrieval": sum(w["retrieval"] for w in where),
+            "shown_better": sum(bool(r["plain"].get("shown_better")) for r in runs if r.get("plain")),
+            "shown_better_rt_cr": sum(bool(r["plain"].get("shown_better")) for r in shown),
+            "runs_rt_cr": len(shown)}
+
+
+def trust_runs(records: Records) -> str:
+    """BENCHMARKS' per-run table of the pre-registered trust evaluation."""
+    rows = []
+    runs = records.glob("trust-search/*.json")
+    for name, r in runs:
+        p, where = r["plain"], placed(r)
+        vs = p.get("vs_median_prompt") or {}
+        interval = ci(vs["ci95"], "+.3f") if vs.get("ci95") else "-"
+        retrieval = max(r["retrieval"].values()) if r.get("retrieval") else None
+        search = r.get("search") or {}
+        rows.append([r["task"], str(r["seed"]), r["handed_over"], f"{r['handed_test_accuracy']:.3f}",
+                     f"{where['plain']} of {where['plain_count']}", f"{p['median']:.3f}",
+                     f"{vs.get('mean', float('nan')):+.3f} {interval}",
+                     f"{where['balanced']} of {where['balanced_count']}",
+                     "-" if retrieval is None else f"{retrieval:.3f} ({'yes' if where['retrieval'] else 'no'})",
+                     f"{r['zero_shot_test_accuracy']:.3f}" if r.get("zero_shot_test_accuracy") is not None else "-",
+                     (f"{search['wall_seconds']:.0f} / {search['budget_seconds']:.0f}"
+                      if search.get("wall_seconds") and search.get("budget_seconds") else "-"),
+                     f"[{name}](docs/results/trust-search/{name})"])
+    if not rows:
+        return "No run of the pre-registered evaluation is stored yet."
+    c = trust_counts([r for _, r in runs])
+    return (table(["task", "seed", "handed over", "test acc", "at or above plain random prompts", "median random",
+                   "vs median random [95% CI, test examples]", "at or above balanced random",
+                   "best retrieval (at or above it?)", "zero-shot", "search s / budget", "record"], rows)
+            + f"\n\nSo far, of {c['runs']} of 15 runs: at or above 12 of the 16 plain random prompts in "
+            f"{c['at_or_above_three_quarters']} (target: 12 of 15); at or above the best retrieval in "
+            f"{c['at_or_above_retrieval']} (target: 10 of 15); shown better than the median plain random prompt on "
+            f"rotten_tomatoes and cr in {c['shown_better_rt_cr']} of {c['runs_rt_cr']} (target: 7 of 10). Places are "
+            "counted in correct test answers, a tie counting as at.")
+
+
+def rate(x: float) -> str:
+    """A rate over a few hundred draws in %, as exact as the draws make it (``16``, ``73.5``)."""
+    return f"{100 * x:.1f}".removesuffix(".0")
+
+
+def binomial_half_width(rates: list[float], draws: int) -> float:
+    """The widest normal-approximation 95% half-width of the rates, each over ``draws`` draws."""
+    return max(1.96 * (p * (1 - p) / draws) ** 0.5 for p in rates)
+
+
+def sb_factor(r: float, target: float) -> float:
+    """How many times the items a reliability ``r`` needs to reach ``target`` (Spearman-Brown)."""
+    return target * (1 - r) / (r * (1 - target))
+
+
+def trust_targets(records: Records) -> str:
+    """BENCHMARKS' 'Selection a user can trust': the targets, before the run-by-run table."""
+    rows = []
+    pc = records("prompt-correctness-rotten_tomatoes-k20.json")
+    tests = [p["test_accuracy"] for p in pc["prompts"]]
+    rows.append([
+        f"a whole prompt's validation score predicts its test accuracy ({len(pc['prompts'])} random prompts, "
+        f"k = {pc['k']}, {pc['validation_size']} validation / {pc['test_size']} test examples, seed {pc['seed']})",
+        "`python research/prompt_correctness.py OUT --prompts 12 --balanced 4 --validation 256 --test 150`",
+        "CPU, 2 threads, other jobs",
+        f"Spearman with test accuracy: label-balanced validation loss {pc['spearman_validation_loss_vs_test']:.2f}, "
+        f"validation accuracy {pc['spearman_validation_accuracy_vs_test']:.2f}; test accuracies "
+        f"{min(tests):.3f}-{max(tests):.3f} (median {statistics.median(tests):.3f})",
+        cite(records, "[prompt search](docs/research/prompt-search.md#whole-prompts-are-measurable)",
+             "prompt-correctness-rotten_tomatoes-k20.json")])
+
+    ho = records("handover-simulation-rotten_tomatoes-k20.json")
+    cell = {(r["check_size"], r["random_prompts"]): r for r in ho["rows"]}
+    equal = [r["equal_new_rate"] for r in ho["rows"]]
+    old = [r["equal_old_rate"] for r in ho["rows"]]
+    default, draws = cell[128, 8], ho["rows"][0]["draws"]
+    larger = [cell[n, 8] for n in sorted(n for n, m in cell if m == 8 and n > 128)]
+    quoted = [default["better_new_rate"], *(r["better_new_rate"] for r in larger), *equal]
+    met = max(equal) <= 0.05 and default["better_new_rate"] >= 0.8
+    rows.append([
+        "hand-over: an equally good pick replaced in <= 5% of draws; a prompt 10 points better handed over in >= 80%",
+        "`python research/handover_simulation.py docs/results/prompt-correctness-rotten_tomatoes-k20.json OUT "
+        "--sizes 64 128 256 512 768 --random 8 16 --draws 200`",
+        "CPU",
+        f"replaced {rate(min(equal))}-{rate(max(equal))}% at every size (the old rule {rate(min(old))}-"
+        f"{rate(max(old))}%); the better prompt found {rate(default['better_new_rate'])}% at the default "
+        f"{default['check_size']} examples x {default['random_prompts']} random prompts, "
+        + ", ".join(f"{rate(r['better_new_rate'])}% at {r['check_size']}" for r in larger)
+        + f" ({draws} draws a cell, a 95% binomial half-width up to ±{binomial_half_width(quoted, draws):.2f}): "
+        + ("met" if met else "**not met at the default size**"),
+        cite(records, "[prompt search](docs/research/prompt-search.md#the-hand-over-rule)",
+             "handover-simulation-rotten_tomatoes-k20.json")])
+
+    vs = records("verdict-simulation-rotten_tomatoes-k50.json")
+    at = {(r["scenario"], f"{r['subsets']}x{r['queries']}"): r for r in vs["rows"]}
+    first = vs["sizes"][0]  # run's default fidelity size
+    size = lambda s: s.replace("x", " x ")  # noqa: E731
+    fails = lambda s: min(1 - at[s, z]["new_pass_rate"] for z in vs["sizes"])  # noqa: E731
+    close = next(z for z in vs["sizes"] if at["c", z]["new_pass_rate"] >= 0.8)
+    met = fails("a") == 1 and fails("b") >= 0.95 and at["c", first]["new_pass_rate"] >= 0.8
+    old_constant = min(at["a", z]["old_pass_rate"] for z in vs["sizes"])
+    rows.append([
+        "fidelity verdict: a constant-loss cache fails; one 10 points worse fails in >= 95%; one within 2 points at "
+        "Spearman >= 0.8 passes in >= 80%",
+        "`python research/verdict_simulation.py docs/results/ssm-input-rotten_tomatoes-k50-96x64.json OUT --sizes "
+        "30x4 30x8 60x16 60x32 --draws 200`",
+        "CPU",
+        f"constant: fails {rate(fails('a'))}% (old rule: passed {rate(old_constant)}%); "
+        f"10 points worse: fails {rate(fails('b'))}% (old: passed {rate(at['b', first]['old_pass_rate'])}% at "
+        f"{size(first)}); close: passes {rate(at['c', first]['new_pass_rate'])}% at the default {size(first)}, "
+        f"{rate(at['c', close]['new_pass_rate'])}% at {size(close)} ("
+        + ("met" if met else "**not met at the default size**") + f"; {vs['draws']} draws a cell)",
+        cite(records, "[prompt search](docs/research/prompt-search.md#the-fidelity-verdict)",
+             "verdict-simulation-rotten_tomatoes-k50.json")])
+
+    rows.append(equal_time_search(records))
+    rows.append(budget_reliability(records))
+    rows.append(wall_against_flops(records))
+    return table(["target", "command", "machine", "measured", "record"], rows)
+
+
+def equal_time_search(records: Records) -> list[str]:
+    """The pre-registered prompt search at equal time, its 2 min and 6 min records."""
+    names = ("search-equal-time-rotten_tomatoes-2min.json", "search-equal-time-rotten_tomatoes-6min.json")
+    two, six = (records(n) for n in names)
+    arms = ("compressed", "control", "none", "dense")
+    rule = {"none": "no screen"}
+
+    def budget(record: dict) -> tuple[dict, dict]:
+        (minutes, summary), = record["summary"]["budgets"].items()
+        return summary, record["summary"]["decision"]
+
+    def diff(s: dict, arm: str) -> str:
+        v = s[arm]["vs_cheapest"]
+        return f"{v['mean']:+.3f} {ci(v['ci95'], '+.3f')}"
+
+    s2, d2 = budget(two)
+    s6, d6 = budget(six)
+    runs2 = two["runs"]
+    seeds6 = sorted({r["seed"] for r in six["runs"]})
+    resampled = s2["compressed"]["vs_cheapest"]["resampled"]
+    wall = max(s["wall_max_over_budget"] for s in s2.values())
+    return [
+        "the prompt search at equal time: compressed, control, dense or no screen before the dense confirmation "
+        "(pre-registered rule: the best arm at the largest budget unless its difference with no screen has an "
+        "interval containing 0)",
+        "`icl-ssm bench search --tasks rotten_tomatoes --seeds 0 1 2 --budgets 2 --test-size 400`",
+        "CPU, 2 threads, quiet",
+        f"{runs2[0]['budget']:.0f} min, RT, {s2['none']['runs']} seeds, {len(runs2[0]['correct'])} test examples: "
+        + ", ".join(f"{a} {s2[a]['mean']:.3f}" for a in arms)
+        + f"; compressed minus none {diff(s2, 'compressed')} "
+        f"({'runs x examples' if resampled == 'rows and columns' else resampled}): rule at this budget: "
+        f"{rule.get(d2['default_screen'], d2['default_screen'])}. Wall <= {wall:.2f}x the budget in all "
+        f"{len(runs2)}. {six['runs'][0]['budget']:.0f} min, seeds {seeds6[0]}-{seeds6[-1]}: "
+        + ", ".join(f"{a} {s6[a]['mean']:.3f}" for a in arms)
+        + f" (compressed minus none {diff(s6, 'compressed')}; control {diff(s6, 'control')}), rule: "
+        f"{rule.get(d6['default_screen'], d6['default_screen'])}; seed 2 at 6 min and `cr` not yet run",
+        cite(records, "[prompt search](docs/research/prompt-search.md"
+                      "#the-equal-time-experiment-pre-registered-one-task-and-one-budget-run-so-far)", *names)]
+
+
+def budget_reliability(records: Records) -> list[str]:
+    """`select --budget`: the split-half reliability reached in 3 and 10 minutes (mean and ridge)."""
+    b3, b10 = records("budget3-rotten_tomatoes-k20.json"), records("budget10-rotten_tomatoes-k20.json")
+    ridge = records("budget3-ridge-rotten_tomatoes-k20.json")
+    minutes = lambda r: f"{r['budget']['budget_seconds'] / 60:.0f} min"  # noqa: E731
+    target = b10["budget"]["target"]
+    factor = sb_factor(b10["score_reliability"], target)
+    return [
+        f"split-half reliability >= {target} within the default budget, Rotten Tomatoes, k = {b3['k']}",
+        "`icl-ssm select --task rotten_tomatoes --k 20 --pool-size 100 --queries 32 --test-size 150 --budget 3` "
+        "(and `--budget 10`, `--estimator ridge`)",
+        "CPU, 2 threads",
+        f"`run` has no default budget (`--budget` is opt-in). Subset losses: **{b3['reliability']:.2f}** with "
+        f"{minutes(b3)} ({b3['subsets']} subsets x {b3['queries_used']} queries), {b10['reliability']:.2f} with "
+        f"{minutes(b10)} ({b10['subsets']} subsets). Candidates' scores: {b3['score_reliability']:.2f} at "
+        f"{b3['subsets']} subsets (ridge at {ridge['subsets']}: {ridge['score_reliability']:.2f}), "
+        f"**{b10['score_reliability']:.2f}** at {b10['subsets']} subsets ({b10['wall_seconds'] / 60:.1f} min); "
+        f"Spearman-Brown puts {target} at about {round(b10['subsets'] * factor, -2):,.0f} subsets, some "
+        f"{5 * round(b10['wall_seconds'] * factor / 300)} min of this CPU: not within any default budget, which is "
+        "why `run` checks its pick against random prompts",
+        cite(records, "[selection](docs/selection.md#budgets-sized-to-reliability---budget)",
+             "budget3-rotten_tomatoes-k20.json", "budget10-rotten_tomatoes-k20.json",
+             "budget3-ridge-rotten_tomatoes-k20.json")]
+
+
+def wall_against_flops(records: Records) -> list[str]:
+    """The compressed evaluator's wall-time saving against its FLOP saving, attention counted."""
+    name = "select-cost-wall-attention.json"
+    cost = records(name)
+    by = {(r["k"], r["evaluator"]): r for r in cost["rows"]}
+    ks = sorted({k for k, _ in by})
+    flops = {(k, p): by[k, f"dense{p}"]["flops_vs_compressed"] for k in ks for p in ("", "-packed")}
+    wall = {(k, p): by[k, f"dense{p}"]["seconds_vs_compressed"] for k in ks for p in ("", "-packed")}
+    apart = {kp: flops[kp] / wall[kp] for kp in flops}
+    missed = [k for k in ks if apart[k, "-packed"] > 1.5]
+    x = lambda v: f"{v:.1f}x"  # noqa: E731
+    return [
+        f"compressed evaluator's wall-time saving within 1.5x of its FLOP saving, k = {', '.join(map(str, ks))}",
+        "`icl-ssm bench select-cost --compressor G --k 8 20 50 --queries 8 --subsets 2 --per-query-max-k 0`",
+        "CPU, 2 threads, quiet",
+        "timed without the FLOP counter (FLOPs counted in a pass of their own), **attention counted**: packed path "
+        f"(`run`'s) FLOP saving {' / '.join(x(flops[k, '-packed']) for k in ks)} against wall "
+        f"{' / '.join(x(wall[k, '-packed']) for k in ks)} ("
+        + ", ".join(f"**{x(apart[k, '-packed'])}**" if k in missed else x(apart[k, "-packed"]) for k in ks)
+        + " apart: " + (f"not met at k = {', '.join(map(str, missed))}" if missed else "met")
+        + f"); batched {', '.join(x(apart[k, '']) for k in ks)} apart; {cost['queries']} queries, "
+        f"{cost['subsets']} timed subsets a row",
+        cite(records, "[cost](docs/research/selection-cost.md#attention-in-the-flop-counts)", name)]
