@@ -14,7 +14,7 @@ The script reads JSON only: it runs no model.
 
 This file holds the reader (:class:`Records`, :func:`validate_record`), the markers, the registry
 :data:`TABLES` (which table goes into which file) and the check and write; the tables themselves are
-rendered by the package ``tools/tables/``, one module per area, which never imports this file.
+rendered by the package ``tools/claim_tables/``, one module per area, which never imports this file.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/tables/, whether run or loaded by path
-from tables.answering import answer_throughput
-from tables.base import RESULTS, no_record_yet, p_text, pending
-from tables.demo import demo
-from tables.fidelity import compressed_caches, distillation_fidelity, exact_share
-from tables.paper import paper_artefacts
-from tables.readme import readme_results
-from tables.scale import (
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/claim_tables/, whether run or loaded by path
+from claim_tables.answering import answer_throughput
+from claim_tables.base import RESULTS, no_record_yet, p_text, pending
+from claim_tables.demo import demo
+from claim_tables.fidelity import compressed_caches, distillation_fidelity, exact_share
+from claim_tables.paper import paper_artefacts
+from claim_tables.readme import readme_results
+from claim_tables.scale import (
     SCALE_CPU,
     SCALE_PROJECTED,
     SCALE_SMOLLM2,
@@ -42,13 +42,13 @@ from tables.scale import (
     scale_measured,
     scale_projected,
 )
-from tables.selection import one_order, orders_averaged, search_gains, select_cost, selection_quality
-from tables.ssm_reads import ssm_reads
-from tables.synthetic import from_k, synthetic
-from tables.trust import placed, rate, trust_counts, trust_runs, trust_targets
+from claim_tables.selection import one_order, orders_averaged, search_gains, select_cost, selection_quality
+from claim_tables.ssm_reads import ssm_reads
+from claim_tables.synthetic import from_k, synthetic
+from claim_tables.trust import placed, rate, trust_counts, trust_runs, trust_targets
 
 __all__ = ["RESULTS", "PROVENANCE", "ClaimError", "Records", "validate_record", "TABLES", "render", "check", "main",
-           # the renderers' helpers that tests/test_claims.py checks, as they were before tools/tables/
+           # the renderers' helpers that tests/test_claims.py checks, as they were before tools/claim_tables/
            "placed", "trust_counts", "rate", "p_text", "orders_averaged", "one_order", "search_gains",
            "exact_share", "from_k"]
 
