@@ -40,6 +40,7 @@ from claim_tables.scale import (
     run_costs,
     scale_cpu,
     scale_measured,
+    scale_profile,
     scale_projected,
 )
 from claim_tables.selection import one_order, orders_averaged, search_gains, select_cost, selection_quality
@@ -123,6 +124,7 @@ TABLES: dict[str, tuple[str, Callable[[Records], str]]] = {
     "paper-artefacts": ("BENCHMARKS.md", paper_artefacts),
     "scale-measured": ("docs/cost-at-scale.md", pending(scale_measured, SCALE_SMOLLM2, SCALE_CPU)),
     "scale-projected": ("docs/cost-at-scale.md", pending(scale_projected, SCALE_PROJECTED)),
+    "scale-profile": ("docs/cost-at-scale.md", scale_profile),
     "run-costs": ("docs/cost-at-scale.md", pending(run_costs, SCALE_SMOLLM2, SCALE_CPU, SCALE_PROJECTED)),
 }
 

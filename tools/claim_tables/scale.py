@@ -13,6 +13,7 @@ from .base import BENCH, Records, cite, table
 SCALE_CPU = "scale-qwen2.5-0.5b-cpu.json"
 SCALE_SMOLLM2 = "scale-smollm2-135m-cpu.json"
 SCALE_PROJECTED = "scale-projected.json"
+SCALE_PROFILE = "scale-profile-qwen2.5-0.5b-k50.json"
 GiB = 1024**3
 
 
@@ -151,3 +152,21 @@ def run_costs(records: Records) -> str:
                      "yes" if weights + logits + kv <= 24 else "no", source])
     return table(["model", "parameters", "weights GiB (float32 / bfloat16)", "dense s / subset, k = 20 (1 thread)",
                   "one `run`, minutes (CPU)", "one `run`, GiB (float32, from the shape)", "fits 24 GiB", "how"], rows)
+
+
+def scale_profile(records: Records) -> str:
+    """docs/cost-at-scale.md: where one packed subset evaluation's seconds go (torch.profiler), per
+    path: matrix products, attention and the rest, with the FLOPs each path is counted."""
+    r = records(SCALE_PROFILE)
+    rows = []
+    for path in ("dense-packed", "compressed-packed"):
+        p = r[path]
+        kinds = p["seconds_by_kind"]
+        rows.append([path, f"{p['gflops']:.0f}", f"{p['seconds']:.2f}", f"{p['gflop_per_s']:.0f}",
+                     f"{kinds.get('matmul', 0):.2f} ({p['matmul_gflop_per_s']:.0f} GFLOP/s)",
+                     f"{kinds.get('attention', 0):.2f}", f"{kinds.get('other', 0):.2f}",
+                     f"{kinds.get('other', 0) / p['seconds']:.0%}"])
+    rows.append(["dense / compressed", f"{r['flop_saving']:.1f}x", f"{r['time_saving']:.1f}x", "", "", "", "", ""])
+    return table(["path (" + f"{r['shape']}, k = {r['k']}, {r['queries']} queries, {r['threads']} thread)",
+                  "GFLOP", "s", "GFLOP/s", "matrix products, s", "attention, s", "the rest, s",
+                  "the rest, share"], rows)
