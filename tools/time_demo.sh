@@ -29,7 +29,8 @@ record = {"command": "tools/time_demo.sh", "what": "make demo from a fresh clone
           "total_seconds": float(end) - float(start), "handed_over": rep["handed_over"]["name"],
           "handed_test_accuracy": rep["handed_over"].get("test_accuracy"),
           "search": {k: (rep.get("search") or {}).get(k) for k in ("screen", "budget_seconds", "wall_seconds",
-                                                                   "screened", "screen_reliability")}}
+                                                                   "screened", "screen_reliability")},
+          "fidelity_verdict": (rep.get("fidelity_verdict") or {}).get("verdict")}
 record["provenance"] = {k: record[k] for k in ("command", "commit", "machine", "date")}
 record["provenance"].update(torch=torch, transformers=transformers)
 os.makedirs(os.path.dirname(out), exist_ok=True)
