@@ -3,12 +3,15 @@
 # install included. Writes a JSON record (date, machine, commit, seconds of the install and of
 # the whole command, the report's handed-over prompt) to the path given.
 #   tools/time_demo.sh docs/results/demo-cold-$(date +%F).json
+#   REV=abc1234 tools/time_demo.sh OUT.json     # a given commit (default HEAD), e.g. for a second run
 set -euo pipefail
 out=$(realpath -m "${1:?usage: tools/time_demo.sh OUT.json}")
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+rev=$(git -C "$repo" rev-parse "${REV:-HEAD}")
 git clone -q "$repo" "$work/clone"
+git -C "$work/clone" checkout -q "$rev"
 export PIP_CACHE_DIR="$work/pip-cache" ICL_SSM_CACHE="$work/model-cache"
 cd "$work/clone"
 start=$(date +%s.%N)
