@@ -33,6 +33,7 @@ from icl_ssm.evaluate.paths import sample_subsets
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.scoring import score_labels
 from icl_ssm.pipeline import RunConfig
+from icl_ssm.provenance import provenance
 from icl_ssm.ssm import scan as S
 from icl_ssm.ssm.legs import legs_kernel, legs_kernel_slabs, legs_scan_fast
 
@@ -78,6 +79,7 @@ def _run_scan(args: argparse.Namespace) -> int:
         "targets": summarize(rows),
         "machine": machine(),
         "command": " ".join(["icl-ssm", *getattr(args, "argv", ["bench", "scan"])]),
+        "provenance": provenance(" ".join(["icl-ssm", *getattr(args, "argv", ["bench", "scan"])])),
         "wall_seconds": time.perf_counter() - t0,
         "notes": "paper rows are timed on a prefix of extrapolated_from_T tokens and scaled "
         "linearly; seconds are the best of --repeats runs; projection_seconds is the bare "
@@ -131,6 +133,7 @@ def _run_label_scores(args: argparse.Namespace) -> int:
         "flops_before": flops["before"], "flops_after": flops["after"],
         "max_abs_diff_scores": float((s0 - s1).abs().max()), "max_abs_diff_logits": float((z0 - z1).abs().max()),
         "machine": machine(), "command": " ".join(["icl-ssm", *getattr(args, "argv", ["bench", "label-scores"])]),
+        "provenance": provenance(" ".join(["icl-ssm", *getattr(args, "argv", ["bench", "label-scores"])])),
     }
     print(json.dumps(result, indent=1))
     return 0
@@ -171,6 +174,7 @@ def _run_legs_kernel(args: argparse.Namespace) -> int:
         "max_rel_diff": rel_error(slabs(), ref.permute(1, 2, 0)),
         "seconds_scan_step": scan_seconds, "kernel_chunks_per_step": args.batch * math.ceil(L / args.chunk),
         "machine": machine(), "command": " ".join(["icl-ssm", *getattr(args, "argv", ["bench", "legs-kernel"])]),
+        "provenance": provenance(" ".join(["icl-ssm", *getattr(args, "argv", ["bench", "legs-kernel"])])),
     }
     print(json.dumps(result, indent=1))
     return 0
@@ -317,6 +321,7 @@ def _run_legendre(args: argparse.Namespace) -> int:
     from icl_ssm.bench.spectrum import plot_spectrum, run_spectrum
 
     result = run_spectrum(args.model, args.task, args.k, args.prompts, args.degrees, args.seed, args.groups)
+    result["provenance"] = provenance(" ".join(["icl-ssm", *getattr(args, "argv", ["bench", "legendre"])]))
     out = atomic.prepare_dir(args.out)
     atomic.write_json(out / "spectrum.json", result)
     plot_spectrum(result, out / "spectrum.png")
