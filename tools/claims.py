@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/claim_tables/, whether run or loaded by path
 from claim_tables.answering import answer_throughput
 from claim_tables.base import RESULTS, no_record_yet, p_text, pending
-from claim_tables.demo import demo
+from claim_tables.demo import demo, demo_time
 from claim_tables.fidelity import compressed_caches, distillation_fidelity, exact_share
 from claim_tables.paper import paper_artefacts
 from claim_tables.readme import readme_results
@@ -108,6 +108,7 @@ def validate_record(name: str, data: dict | list) -> None:
 
 TABLES: dict[str, tuple[str, Callable[[Records], str]]] = {
     "results": ("README.md", readme_results),
+    "demo-time": ("README.md", demo_time),
     "trust-targets": ("BENCHMARKS.md", trust_targets),
     "trust-runs": ("BENCHMARKS.md", trust_runs),
     "scan": ("BENCHMARKS.md", no_record_yet("were measured by hand; the benches' output was not stored")),

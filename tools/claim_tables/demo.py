@@ -10,6 +10,24 @@ VERDICTS = {"dense": "the verdict failed the shipped compressor, so the search r
             "compressed": "the verdict passed the shipped compressor"}
 
 
+def newest_runs(records: Records) -> list[tuple[str, dict]]:
+    """The cold-demo records made at the newest commit among them (file order: by date)."""
+    runs = records.glob("demo-cold-*.json")
+    latest = runs[-1][1]["provenance"]["commit"] if runs else None
+    return [(n, r) for n, r in runs if r["provenance"]["commit"] == latest]
+
+
+def demo_time(records: Records) -> str:
+    """README's sentence on how long ``make demo`` takes from a fresh clone."""
+    same = newest_runs(records)
+    totals = [r["total_seconds"] / 60 for _, r in same]
+    span = f"{totals[0]:.1f} min" if len(totals) == 1 else f"{min(totals):.1f}-{max(totals):.1f} min"
+    runs = "one run" if len(same) == 1 else f"{len(same)} runs"
+    return (f"From a fresh clone with empty pip and model caches it took {span} on a 2-core CPU, the install "
+            f"included ({runs} of commit {same[0][1]['provenance']['commit'][:7]}, `tools/time_demo.sh`; "
+            + ", ".join(records.link(n) for n, _ in same) + ").")
+
+
 def demo(records: Records) -> str:
     """BENCHMARKS' 'Demo': the cold runs of today's pipeline (``tools/time_demo.sh`` records)."""
     runs = records.glob("demo-cold-*.json")
@@ -29,8 +47,8 @@ def demo(records: Records) -> str:
             f"{search['budget_seconds']:.0f})",
             "<= 15 min",
             f"{records.link(name)}, [report](docs/results/{name.removesuffix('.json')}-report.md)"])
-    latest = runs[-1][1]["provenance"]["commit"] if runs else None
-    same = [r for _, r in runs if r["provenance"]["commit"] == latest]
+    same = [r for _, r in newest_runs(records)]
+    latest = same[0]["provenance"]["commit"] if same else None
     totals = [r["total_seconds"] / 60 for r in same]
     if len(same) > 1:
         spread = (f"\n\n{len(same)} cold runs at commit {latest[:7]}: {min(totals):.1f}-{max(totals):.1f} min "
