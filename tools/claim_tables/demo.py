@@ -37,7 +37,7 @@ def demo(records: Records) -> str:
         # records from before time_demo.sh stored the verdict: a search without a screen means it failed
         verdict = VERDICTS[r.get("fidelity_verdict") or ("dense" if search["screen"] == "none" else "compressed")]
         rows.append([
-            "first run from a fresh clone, empty pip and model caches, with the prompt search "
+            "a run from a fresh clone, empty pip and model caches, with the prompt search "
             f"({search['budget_seconds'] / 60:.0f} min) and the hand-over check on 128 examples",
             f"`tools/time_demo.sh OUT.json` (commit {r['provenance']['commit'][:7]}, {r['provenance']['date']})",
             "CPU (AMD EPYC, 2 cores), quiet",
@@ -52,7 +52,7 @@ def demo(records: Records) -> str:
     totals = [r["total_seconds"] / 60 for r in same]
     if len(same) > 1:
         spread = (f"\n\n{len(same)} cold runs at commit {latest[:7]}: {min(totals):.1f}-{max(totals):.1f} min "
-                  f"from a fresh clone, the install included (spread {max(totals) - min(totals):.1f} min).")
+                  f"from a fresh clone, the install included (spread {60 * (max(totals) - min(totals)):.0f} s).")
     else:
         spread = (f"\n\n{len(runs)} cold run{'s' if len(runs) != 1 else ''} stored; a second at the same commit "
                   "not yet made.")
