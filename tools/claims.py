@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/claim_tables/, whether run or loaded by path
 from claim_tables.answering import answer_throughput
-from claim_tables.base import RESULTS, no_record_yet, p_text, pending
+from claim_tables.base import RESULTS, p_text, pending
 from claim_tables.demo import demo, demo_time
 from claim_tables.fidelity import compressed_caches, distillation_fidelity, exact_share
 from claim_tables.paper import paper_artefacts
@@ -43,6 +43,7 @@ from claim_tables.scale import (
     scale_profile,
     scale_projected,
 )
+from claim_tables.scan import legendre, scan
 from claim_tables.selection import one_order, orders_averaged, search_gains, select_cost, selection_quality
 from claim_tables.ssm_reads import ssm_reads
 from claim_tables.synthetic import from_k, synthetic
@@ -111,14 +112,14 @@ TABLES: dict[str, tuple[str, Callable[[Records], str]]] = {
     "demo-time": ("README.md", demo_time),
     "trust-targets": ("BENCHMARKS.md", trust_targets),
     "trust-runs": ("BENCHMARKS.md", trust_runs),
-    "scan": ("BENCHMARKS.md", no_record_yet("were measured by hand; the benches' output was not stored")),
+    "scan": ("BENCHMARKS.md", scan),
     "compressed-caches": ("BENCHMARKS.md", compressed_caches),
     "distillation": ("BENCHMARKS.md", distillation_fidelity),
     "select-cost": ("BENCHMARKS.md", select_cost),
     "demo": ("BENCHMARKS.md", demo),
     "selection-quality": ("BENCHMARKS.md", selection_quality),
     "ssm-reads": ("BENCHMARKS.md", ssm_reads),
-    "legendre": ("BENCHMARKS.md", no_record_yet("were measured by hand; the bench's output was not stored")),
+    "legendre": ("BENCHMARKS.md", legendre),
     "synthetic": ("BENCHMARKS.md", synthetic),
     "scale-cpu": ("BENCHMARKS.md", pending(scale_cpu, SCALE_CPU)),
     "answer-throughput": ("BENCHMARKS.md", answer_throughput),
