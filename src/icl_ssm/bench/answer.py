@@ -75,10 +75,9 @@ class AnswerBenchConfig:
 
 
 def shape_model(cfg: AnswerBenchConfig):
-    """``(model, tokenizer, compressor)`` for ``cfg.shape``: the shape with random weights, the
-    tokenizer of ``cfg.model`` (its ids must fall inside the shape's vocabulary) and a random
-    compressor of the recipe's shape."""
-    from icl_ssm.bench.shapes import build_compressor, build_model, compressor_shapes, shape_config
+    """``(model, tokenizer)`` for ``cfg.shape``: the shape with random weights and the tokenizer of
+    ``cfg.model`` (its ids must fall inside the shape's vocabulary)."""
+    from icl_ssm.bench.shapes import build_model, shape_config
     from icl_ssm.lm.models import load_tokenizer
 
     config = shape_config(cfg.shape)
@@ -87,8 +86,7 @@ def shape_model(cfg: AnswerBenchConfig):
     if len(tokenizer) > vocab:
         raise ValueError(f"--model {cfg.model!r}: its tokenizer has {len(tokenizer)} tokens, more than shape "
                          f"{cfg.shape!r}'s vocabulary of {vocab}; pick a model whose tokenizer fits")
-    model = build_model(config, seed=cfg.seed)
-    return model, tokenizer, build_compressor(config, compressor_shapes(config)["recipe"], seed=cfg.seed)
+    return build_model(config, seed=cfg.seed), tokenizer
 
 
 def bench_setup(cfg: AnswerBenchConfig, model, tokenizer):
@@ -133,9 +131,12 @@ def run_path(cfg: AnswerBenchConfig, path: str) -> dict[str, Any]:
     torch.set_num_threads(cfg.threads)
     compressor, where = None, None
     if cfg.shape is not None:
-        model, tokenizer, random_compressor = shape_model(cfg)
-        if path == "shared-compressed":
-            compressor, where = random_compressor, "random, the recipe's shape"
+        from icl_ssm.bench.shapes import build_compressor, compressor_shapes
+
+        model, tokenizer = shape_model(cfg)
+        if path == "shared-compressed":  # a random compressor of the recipe's shape: cost only
+            recipe = compressor_shapes(model.config)["recipe"]
+            compressor, where = build_compressor(model.config, recipe, seed=cfg.seed), "random, the recipe's shape"
     else:
         model, tokenizer = load_model(cfg.model)
     selected, inputs, task = bench_setup(cfg, model, tokenizer)
