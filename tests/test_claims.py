@@ -76,7 +76,7 @@ def test_trust_records_count_runs_at_or_above_the_median():
             {"task": "coin_flip", "plain": {"at_or_above": 7, "count": 16, "shown_better": True}}]
     assert claims.trust_counts(runs) == {"runs": 3, "at_or_above_median": 2, "at_or_above_three_quarters": 1,
                                          "at_or_above_retrieval": 1, "shown_better": 2, "shown_better_rt_cr": 1,
-                                         "runs_rt_cr": 2}
+                                         "shown_better_balanced_rt_cr": 0, "runs_rt_cr": 2}
 
 
 def test_trust_places_count_correct_answers_so_a_tie_is_at():
@@ -87,6 +87,16 @@ def test_trust_places_count_correct_answers_so_a_tie_is_at():
                                "balanced-0": right(100), "topk": right(314), "bm25": right(200)}}
     assert claims.placed(run) == {"plain": 1, "plain_count": 2, "balanced": 1, "balanced_count": 1,
                                   "retrieval": True}
+
+
+def test_headroom_is_the_share_of_the_median_to_oracle_gap_in_correct_answers():
+    right = lambda n: {"correct": [1] * n + [0] * (100 - n)}  # noqa: E731
+    run = {"prompts_on_test": {"handed-over": right(70), "plain-0": right(50), "plain-1": right(60),
+                               "plain-2": right(90), "balanced-0": right(99)}}
+    assert claims.headroom(run) == {"oracle": 0.9, "median": 0.6, "captured": pytest.approx(1 / 3)}
+    run["prompts_on_test"] = {"handed-over": right(70), "plain-0": right(60), "plain-1": right(60)}
+    assert claims.headroom(run)["captured"] is None  # no gap, no share
+    assert claims.headroom({"plain": {}}) is None  # a record without answers
 
 
 def test_p_values_print_two_decimals_or_one_significant_digit():

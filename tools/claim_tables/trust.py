@@ -36,6 +36,21 @@ def placed(run: dict) -> dict:
     return out
 
 
+def headroom(run: dict) -> dict | None:
+    """The oracle a trust run could not see: the best of its plain random prompts on test, their
+    median, and the share of the gap between the two the handed-over prompt captured, all in
+    correct test answers (``None`` where the record stores no answers or the gap is 0)."""
+    answers = {name: sum(row["correct"]) for name, row in (run.get("prompts_on_test") or {}).items()}
+    plain = [v for n, v in answers.items() if n.startswith("plain-")]
+    if "handed-over" not in answers or not plain:
+        return None
+    n = len(run["prompts_on_test"]["handed-over"]["correct"])
+    oracle, median = max(plain), statistics.median(plain)
+    gap = oracle - median
+    return {"oracle": oracle / n, "median": median / n,
+            "captured": (answers["handed-over"] - median) / gap if gap else None}
+
+
 def trust_counts(runs: list[dict]) -> dict[str, int]:
     where = [placed(r) for r in runs if r.get("plain")]
     shown = [r for r in runs if r.get("plain") and r.get("task") in ("rotten_tomatoes", "cr")]
@@ -45,6 +60,7 @@ def trust_counts(runs: list[dict]) -> dict[str, int]:
             "at_or_above_retrieval": sum(w["retrieval"] for w in where),
             "shown_better": sum(bool(r["plain"].get("shown_better")) for r in runs if r.get("plain")),
             "shown_better_rt_cr": sum(bool(r["plain"].get("shown_better")) for r in shown),
+            "shown_better_balanced_rt_cr": sum(bool((r.get("balanced") or {}).get("shown_better")) for r in shown),
             "runs_rt_cr": len(shown)}
 
 
@@ -78,6 +94,36 @@ def trust_runs(records: Records) -> str:
             f"{c['at_or_above_retrieval']} (target: 10 of 15); shown better than the median plain random prompt on "
             f"rotten_tomatoes and cr in {c['shown_better_rt_cr']} of {c['runs_rt_cr']} (target: 7 of 10). Places are "
             "counted in correct test answers, a tie counting as at.")
+
+
+def trust_balanced(records: Records) -> str:
+    """BENCHMARKS' second per-run table: each handed-over prompt against the label-balanced random
+    prompts, and the headroom (the best plain random prompt on test, an oracle no method sees)."""
+    rows, shares = [], []
+    runs = records.glob("trust-search/*.json")
+    for name, r in runs:
+        b, room = r.get("balanced") or {}, headroom(r)
+        vs = b.get("vs_median_prompt") or {}
+        if room and room["captured"] is not None:
+            shares.append(room["captured"])
+        rows.append([r["task"], str(r["seed"]), f"{r['handed_test_accuracy']:.3f}",
+                     f"{b['median']:.3f}" if b.get("median") is not None else "-",
+                     f"{vs['mean']:+.3f} {ci(vs['ci95'], '+.3f')}" if vs.get("ci95") else "-",
+                     "yes" if b.get("shown_better") else "no",
+                     f"{room['oracle']:.3f}" if room else "-",
+                     "-" if not room or room["captured"] is None else f"{100 * room['captured']:.0f}%",
+                     f"[{name}](docs/results/trust-search/{name})"])
+    if not rows:
+        return "No run of the pre-registered evaluation is stored yet."
+    c = trust_counts([r for _, r in runs])
+    middle = f"{100 * statistics.median(shares):.0f}%" if shares else "-"
+    return (table(["task", "seed", "test acc", "median balanced random", "vs median balanced [95% CI, test examples]",
+                   "shown better?", "best of 16 plain random (oracle)", "share of the median-to-oracle gap captured",
+                   "record"], rows)
+            + f"\n\nShown better than the median label-balanced random prompt on rotten_tomatoes and cr in "
+            f"{c['shown_better_balanced_rt_cr']} of {c['runs_rt_cr']}. The handed-over prompt captured a median "
+            f"{middle} of the gap between the median plain random prompt and the best one (over {len(shares)} runs; "
+            "above 100% where it beat all 16). Shares are counted in correct test answers; a gap of 0 has no share.")
 
 
 def rate(x: float) -> str:
