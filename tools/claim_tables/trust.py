@@ -16,11 +16,16 @@ from .base import Records, ci, cite, table
 RETRIEVAL = ("bm25", "topk", "bm25 (per query)")
 
 
+def correct_answers(run: dict) -> dict[str, int]:
+    """Each prompt's count of correct test answers in a trust run's record (``prompts_on_test``)."""
+    return {name: sum(row["correct"]) for name, row in (run.get("prompts_on_test") or {}).items()}
+
+
 def placed(run: dict) -> dict:
     """Where a trust run's handed-over prompt stands, counted in correct test answers (a tie is
     "at"): ``{"plain": n at or above, "plain_count", "balanced", "balanced_count", "retrieval": bool}``.
     From the per-example answers a record stores (``prompts_on_test``), else its stored counts."""
-    answers = {name: sum(row["correct"]) for name, row in (run.get("prompts_on_test") or {}).items()}
+    answers = correct_answers(run)
     if "handed-over" not in answers:
         return {"plain": run["plain"]["at_or_above"], "plain_count": run["plain"]["count"],
                 "balanced": (run.get("balanced") or {}).get("at_or_above"),
@@ -40,7 +45,7 @@ def headroom(run: dict) -> dict | None:
     """The oracle a trust run could not see: the best of its plain random prompts on test, their
     median, and the share of the gap between the two the handed-over prompt captured, all in
     correct test answers (``None`` where the record stores no answers or the gap is 0)."""
-    answers = {name: sum(row["correct"]) for name, row in (run.get("prompts_on_test") or {}).items()}
+    answers = correct_answers(run)
     plain = [v for n, v in answers.items() if n.startswith("plain-")]
     if "handed-over" not in answers or not plain:
         return None
@@ -118,12 +123,13 @@ def trust_balanced(records: Records) -> str:
     c = trust_counts([r for _, r in runs])
     middle = f"{100 * statistics.median(shares):.0f}%" if shares else "-"
     return (table(["task", "seed", "test acc", "median balanced random", "vs median balanced [95% CI, test examples]",
-                   "shown better?", "best of 16 plain random (oracle)", "share of the median-to-oracle gap captured",
+                   "shown better?", "best plain random (oracle)", "share of the median-to-oracle gap captured",
                    "record"], rows)
             + f"\n\nShown better than the median label-balanced random prompt on rotten_tomatoes and cr in "
             f"{c['shown_better_balanced_rt_cr']} of {c['runs_rt_cr']}. The handed-over prompt captured a median "
             f"{middle} of the gap between the median plain random prompt and the best one (over {len(shares)} runs; "
-            "above 100% where it beat all 16). Shares are counted in correct test answers; a gap of 0 has no share.")
+            "above 100% where it beat every plain random prompt). Shares are counted in correct test answers; a gap "
+            "of 0 has no share.")
 
 
 def rate(x: float) -> str:
