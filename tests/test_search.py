@@ -200,3 +200,16 @@ def test_a_short_budget_cuts_the_queries_and_the_order_search_and_says_when_it_c
     assert tight.over and tight.queries == 8 and tight.arms == 2
     assert "will run over its budget" in plan_lines(tight, 20.0, "compressed")[-1]
     assert "no order search" in plan_lines(tight, 20.0, "compressed")[0]
+
+
+def test_the_equal_time_bench_takes_a_compressor_per_task_and_refuses_one_it_cannot_use(tmp_path):
+    from icl_ssm.bench.search import arm_compressors
+
+    (tmp_path / "G").mkdir()
+    (tmp_path / "G" / "config.json").write_text("{}")
+    given = arm_compressors(["rotten_tomatoes", "cr"], {"cr": str(tmp_path / "G")}, {})
+    assert given == {"cr": {"compressed": str(tmp_path / "G")}}
+    with pytest.raises(ValueError, match=r"--control mmlu=.*not among --tasks"):
+        arm_compressors(["cr"], {}, {"mmlu": str(tmp_path / "G")})
+    with pytest.raises(ValueError, match=r"--compressor cr=.*not a compressor directory"):
+        arm_compressors(["cr"], {"cr": str(tmp_path)}, {})

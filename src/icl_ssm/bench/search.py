@@ -70,8 +70,8 @@ def run_search_bench(tasks: Sequence[str], seeds: Sequence[int], budgets: Sequen
                      compressors: dict[str, dict[str, str]] | None = None,
                      say: Callable[[str], None] = print) -> dict[str, Any]:
     """Every (budget, task, seed, arm): the search, its prompt on the test split. ``compressors``:
-    ``{task: {"compressed": DIR, "control": DIR}}`` (default: the ones shipped for the model, task
-    and ``k``). Each finished run is appended to ``out/runs.jsonl`` and read back on a rerun;
+    ``{task: {"compressed": DIR, "control": DIR}}``, each over the one shipped for the model, task
+    and ``k``. Each finished run is appended to ``out/runs.jsonl`` and read back on a rerun;
     ``out/search.json`` holds the runs and the summary (:func:`summarize`)."""
     out = atomic.prepare_dir(out)
     log = out / "runs.jsonl"
@@ -82,7 +82,7 @@ def run_search_bench(tasks: Sequence[str], seeds: Sequence[int], budgets: Sequen
         for task_name in tasks:
             task = get_task(task_name)
             builder = PromptBuilder.for_model(model, tokenizer, task)
-            dirs = (compressors or {}).get(task_name) or _shipped(model_name, task_name, k)
+            dirs = {**_shipped(model_name, task_name, k), **(compressors or {}).get(task_name, {})}
             loaded = {arm: load_compressor(path, model.config) for arm, path in dirs.items()}
             for seed in seeds:
                 splits = split(task, pool_size=pool_size, seed=seed, fit=True, k=k, min_val_size=validation_size)
@@ -112,6 +112,23 @@ def run_search_bench(tasks: Sequence[str], seeds: Sequence[int], budgets: Sequen
     atomic.write_json(out / "search.json", {"runs": done, "summary": summary})
     atomic.write_text(out / "search.md", search_markdown(summary))
     return {"runs": done, "summary": summary}
+
+
+def arm_compressors(tasks: Sequence[str], compressed: dict[str, str], control: dict[str, str]
+                    ) -> dict[str, dict[str, str]]:
+    """``--compressor TASK=DIR`` and ``--control TASK=DIR`` -> ``{task: {"compressed": DIR,
+    "control": DIR}}`` for :func:`run_search_bench`; a task outside ``tasks`` or a directory
+    without a compressor's ``config.json`` is refused before the model loads."""
+    out: dict[str, dict[str, str]] = {}
+    for arm, given, flag in (("compressed", compressed, "--compressor"), ("control", control, "--control")):
+        for task, path in given.items():
+            if task not in tasks:
+                raise ValueError(f"{flag} {task}={path}: the task {task!r} is not among --tasks {list(tasks)}")
+            if not (Path(path) / "config.json").is_file():
+                raise ValueError(f"{flag} {task}={path}: {path!r} is not a compressor directory "
+                                 "(no config.json in it)")
+            out.setdefault(task, {})[arm] = str(path)
+    return out
 
 
 def _shipped(model: str, task: str, k: int) -> dict[str, str]:

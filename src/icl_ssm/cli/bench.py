@@ -306,6 +306,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test-size", type=int, default=400)
     p.add_argument("--model", default=RunConfig.model)
     p.add_argument("--k", type=int, default=RunConfig.k)
+    p.add_argument("--compressor", nargs="*", default=[], metavar="TASK=DIR",
+                   help="the compressed arm's compressor per task (default: the one shipped for the task and k)")
+    p.add_argument("--control", nargs="*", default=[], metavar="TASK=DIR",
+                   help="the control arm's compressor per task (default: the one shipped for the task and k)")
     p.add_argument("--out", default="runs/search", help="runs.jsonl (a line per finished run), search.json, search.md")
     p.set_defaults(func=_run_search)
     from icl_ssm.bench.answer import add_parser as add_answer
@@ -367,11 +371,14 @@ def _run_length(args: argparse.Namespace) -> int:
 
 
 def _run_search(args: argparse.Namespace) -> int:
-    from icl_ssm.bench.search import run_search_bench
+    from icl_ssm.bench.search import arm_compressors, run_search_bench
+    from icl_ssm.evaluate.fidelity import parse_also
     from icl_ssm.pipeline import say
 
+    compressors = arm_compressors(args.tasks, parse_also(args.compressor, "--compressor"),
+                                  parse_also(args.control, "--control"))
     result = run_search_bench(args.tasks, args.seeds, args.budgets, args.out, model_name=args.model, k=args.k,
-                              arms=args.arms, test_size=args.test_size, say=say)
+                              arms=args.arms, test_size=args.test_size, compressors=compressors, say=say)
     print(json.dumps(result["summary"]["decision"]))
     return 0
 
