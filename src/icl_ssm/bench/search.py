@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from icl_ssm import atomic
-from icl_ssm.compress.compressor import load_compressor
+from icl_ssm.compress.compressor import check_compressor_dir, load_compressor
 from icl_ssm.compress.pretrained import find_pretrained
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
@@ -118,15 +118,16 @@ def arm_compressors(tasks: Sequence[str], compressed: dict[str, str], control: d
                     ) -> dict[str, dict[str, str]]:
     """``--compressor TASK=DIR`` and ``--control TASK=DIR`` -> ``{task: {"compressed": DIR,
     "control": DIR}}`` for :func:`run_search_bench`; a task outside ``tasks`` or a directory
-    without a compressor's ``config.json`` is refused before the model loads."""
+    without a compressor's files is refused before the model loads."""
     out: dict[str, dict[str, str]] = {}
     for arm, given, flag in (("compressed", compressed, "--compressor"), ("control", control, "--control")):
         for task, path in given.items():
             if task not in tasks:
                 raise ValueError(f"{flag} {task}={path}: the task {task!r} is not among --tasks {list(tasks)}")
-            if not (Path(path) / "config.json").is_file():
-                raise ValueError(f"{flag} {task}={path}: {path!r} is not a compressor directory "
-                                 "(no config.json in it)")
+            try:
+                check_compressor_dir(path)
+            except ValueError as err:
+                raise ValueError(f"{flag} {task}={path}: not a compressor directory ({err})") from None
             out.setdefault(task, {})[arm] = str(path)
     return out
 

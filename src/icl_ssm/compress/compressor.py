@@ -335,9 +335,8 @@ def parameter_budget(teacher_config: PreTrainedConfig, teacher_parameters: int, 
             "param_fraction": n / teacher_parameters if teacher_parameters else None}
 
 
-def load_compressor(path: str | Path, teacher_config: PreTrainedConfig | None = None,
-                    **kwargs) -> SSMCompressor:
-    """Load a saved compressor; refuse a missing or corrupted checkpoint, or another teacher's."""
+def check_compressor_dir(path: str | Path) -> Path:
+    """``path`` as a :class:`Path` if it holds a saved compressor's files; else a ValueError naming it."""
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"compressor directory {str(path)!r} does not exist")
@@ -345,6 +344,13 @@ def load_compressor(path: str | Path, teacher_config: PreTrainedConfig | None = 
         if not (path / name).is_file():
             raise ValueError(f"compressor directory {str(path)!r} has no {name}; expected "
                              "the output of SSMCompressor.save_pretrained")
+    return path
+
+
+def load_compressor(path: str | Path, teacher_config: PreTrainedConfig | None = None,
+                    **kwargs) -> SSMCompressor:
+    """Load a saved compressor; refuse a missing or corrupted checkpoint, or another teacher's."""
+    path = check_compressor_dir(path)
     try:
         from safetensors import safe_open
 
