@@ -248,7 +248,7 @@ def equal_time_search(records: Records) -> list[str]:
         f"{len(runs2)}. {six['runs'][0]['budget']:.0f} min, seeds {seeds6[0]}-{seeds6[-1]}: "
         + ", ".join(f"{a} {s6[a]['mean']:.3f}" for a in arms)
         + f" (compressed minus none {diff(s6, 'compressed')}; control {diff(s6, 'control')}), rule: "
-        f"{rule.get(d6['default_screen'], d6['default_screen'])}; seed 2 at 6 min and `cr` not yet run",
+        f"{rule.get(d6['default_screen'], d6['default_screen'])}; `cr` at 6 min not yet run",
         cite(records, "[prompt search](docs/research/prompt-search.md"
                       "#the-equal-time-experiment-pre-registered-one-task-and-one-budget-run-so-far)", *names)]
 
