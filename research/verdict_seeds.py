@@ -1,8 +1,10 @@
 """The fidelity verdict `run` gives the shipped compressors, at several fidelity seeds.
 
     python research/verdict_seeds.py OUT_DIR --seeds 0 1 2 --ks 20 50
+    python research/verdict_seeds.py OUT_DIR --task cr --ks 20 --compressor DIR --control DIR
 
-For each shipped Rotten Tomatoes compressor (trained at each of ``--ks``) and each seed: the
+For each shipped Rotten Tomatoes compressor (trained at each of ``--ks``; ``--task``, and
+``--compressor`` / ``--control`` for a task none ships for) and each seed: the
 fidelity stage exactly as ``icl-ssm run`` runs it (its held-out subset and query counts,
 :class:`icl_ssm.pipeline.RunConfig`'s ``fidelity_subsets`` x ``fidelity_queries``, the shipped
 control beside it, the seed choosing the subsets), then the verdict
@@ -25,17 +27,22 @@ from icl_ssm.evaluate.verdict import fidelity_verdict
 from icl_ssm.pipeline import RunConfig
 from icl_ssm.provenance import provenance
 
-TASK = "rotten_tomatoes"
 
-
-def one(k: int, seed: int, cfg: RunConfig) -> dict:
-    shipped = find_pretrained(cfg.model, TASK, k=k)
-    fcfg = FidelityConfig(model=cfg.model, task=TASK, k=k, compressor=str(shipped / "compressor"),
-                          control=str(shipped / "control"), subsets=cfg.fidelity_subsets,
+def one(k: int, seed: int, cfg: RunConfig, task: str, dirs: tuple[str, str] | None = None) -> dict:
+    """``dirs``: the compressor and control directories (default: the ones shipped for the task and k)."""
+    if dirs is None:
+        shipped = find_pretrained(cfg.model, task, k=k)
+        if shipped is None:
+            raise SystemExit(f"no compressor is shipped for {task} at k = {k}: pass --compressor and --control")
+        dirs, name = (str(shipped / "compressor"), str(shipped / "control")), shipped.name
+    else:
+        name = dirs[0]
+    fcfg = FidelityConfig(model=cfg.model, task=task, k=k, compressor=dirs[0],
+                          control=dirs[1], subsets=cfg.fidelity_subsets,
                           queries=cfg.fidelity_queries, seed=seed, batch=cfg.batch, query_batch=cfg.query_batch)
     report = run_fidelity(fcfg)
     verdict = fidelity_verdict(report, max_accuracy_drop=cfg.max_accuracy_drop)
-    return {"k": k, "seed": seed, "compressor": shipped.name, "subsets": fcfg.subsets, "queries": fcfg.queries,
+    return {"k": k, "seed": seed, "compressor": name, "subsets": fcfg.subsets, "queries": fcfg.queries,
             "verdict": verdict["evaluator"], "checks": verdict["checks"], "summary": verdict["summary"],
             "report": report}
 
@@ -46,7 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--ks", type=int, nargs="+", default=[20, 50])
+    p.add_argument("--task", default="rotten_tomatoes")
+    p.add_argument("--compressor", help="a compressor directory (default: the one shipped for the task and k)")
+    p.add_argument("--control", help="its control compressor directory (with --compressor)")
     args = p.parse_args(argv)
+    if (args.compressor is None) != (args.control is None):
+        p.error("--compressor and --control go together")
+    dirs = (args.compressor, args.control) if args.compressor else None
     out = atomic.prepare_dir(args.out)
     cfg = RunConfig()
     command = "python research/verdict_seeds.py " + " ".join(argv)
@@ -55,13 +68,13 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             path = out / f"k{k}-seed{seed}.json"
             if not path.exists():
-                atomic.write_json(path, {**one(k, seed, cfg), "provenance": provenance(command)})
+                atomic.write_json(path, {**one(k, seed, cfg, args.task, dirs), "provenance": provenance(command)})
             row = json.loads(path.read_text())
             rows.append({key: row[key] for key in ("k", "seed", "compressor", "subsets", "queries", "verdict",
                                                    "checks", "summary", "provenance")})
             print(f"k = {k}, seed {seed}: {row['verdict']} ({row['summary']})", flush=True)
     same = {k: len({r["verdict"] for r in rows if r["k"] == k}) == 1 for k in args.ks}
-    atomic.write_json(out / "verdicts.json", {"task": TASK, "seeds": args.seeds, "ks": args.ks,
+    atomic.write_json(out / "verdicts.json", {"task": args.task, "seeds": args.seeds, "ks": args.ks,
                                               "same_verdict_at_every_seed": same, "runs": rows,
                                               "provenance": provenance(command)})
     return 0
