@@ -168,3 +168,13 @@ def test_from_k_is_the_smallest_k_after_which_a_statement_always_holds():
     assert claims.from_k([5, 10, 20, 40], lambda k: k != 10) == 20
     assert claims.from_k([5, 10, 20], lambda k: k < 20) is None
     assert claims.rate(0.735) == "73.5" and claims.rate(0.16) == "16"
+
+
+def test_the_pooled_equal_time_record_must_hold_the_runs_of_the_records_it_names(copy):
+    path = copy / claims.RESULTS / "search-equal-time.json"
+    record = json.loads(path.read_text())
+    assert record["runs"] == 48 and len(record["records"]) == 4
+    record["records"] = record["records"][:3]  # a task's 6-min record left out of the pooled decision
+    path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="search-equal-time.json pools 48 runs; the records it names hold 36"):
+        claims.check(copy)

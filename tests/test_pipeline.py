@@ -185,3 +185,23 @@ def test_run_takes_the_shipped_compressor_and_its_accuracies_count_right_answers
         demos = [splits.pool[i] for i in row["indices"]]
         pred = predict_labels(model, builder, [builder.build(demos, q) for q in test])
         assert row["test_accuracy"] == pytest.approx(np.mean([p == q.target for p, q in zip(pred, test, strict=True)]))
+
+
+@pytest.mark.parametrize(("screen", "verdict", "compressor", "expected"), [
+    (None, "compressed", "G", "none"),  # the default: no screen, whatever the verdict
+    ("auto", "compressed", "G", "compressed"),
+    ("auto", "dense", "G", "none"),
+    ("auto", "dense", None, "none"),
+    ("dense", "dense", None, "dense"),
+])
+def test_the_search_screens_nothing_by_default_and_auto_follows_the_verdict(screen, verdict, compressor, expected,
+                                                                         capsys):
+    from icl_ssm.pipeline import DEFAULT_SCREEN, search_config
+    from icl_ssm.select.run import SelectConfig
+
+    cfg = RunConfig() if screen is None else RunConfig(screen=screen)
+    got = search_config(cfg, SelectConfig(compressor=compressor), {"evaluator": verdict}, {"bm25": {"indices": [1, 2]}})
+    assert got.screen == expected and got.method == "search" and got.seeds == {"bm25": [1, 2]}
+    assert DEFAULT_SCREEN == "none" and SelectConfig().screen == DEFAULT_SCREEN
+    if screen is None:
+        assert "search: no screen" in capsys.readouterr().err

@@ -51,6 +51,9 @@ from icl_ssm.select.selected import SelectedPrompt, compressor_fidelity, pool_sp
 
 DEFAULT_METHODS = ("search", "affinity", "random", "bm25", "topk")
 SEARCH_SCREENS = ("auto", "compressed", "dense", "none")  # auto: compressed unless the fidelity verdict is dense
+# the default screen, chosen by the pre-registered equal-time experiment's rule (``bench search``):
+# no screen was shown to beat random search over whole prompts (docs/research/prompt-search.md)
+DEFAULT_SCREEN = "none"
 _RECIPE = DistillConfig()  # the compressor shape distilled when none is shipped: the measured recipe's
 
 
@@ -90,7 +93,7 @@ class RunConfig:
     evaluator: str = "auto"  # affinity: auto (compressed unless its fidelity check fails), compressed or dense
     max_accuracy_drop: float = 0.05  # the fidelity check: accuracy the compressed caches may lose to the dense prompt
     search_minutes: float = 2.0  # the prompt search's wall time (screen + confirm + order)
-    screen: str = "auto"  # the search's screen: SEARCH_SCREENS
+    screen: str = DEFAULT_SCREEN  # the search's screen: SEARCH_SCREENS
     screen_queries: int = 32  # label-balanced validation queries of the screen
     confirm_queries: int = 64  # validation queries of the search's last successive-halving rung
     check_size: int = 128  # held-out validation examples the check scores every prompt on
@@ -302,15 +305,19 @@ def held_out_start(cfg: RunConfig) -> int:
 
 
 def search_config(cfg: RunConfig, base: SelectConfig, verdict: dict, selections: dict[str, dict]) -> SelectConfig:
-    """The prompt search's settings: its screen (``auto``: the compressed caches where the fidelity
-    verdict trusts them, else none, i.e. random search into the dense confirmation) and the other
-    methods' picks as seeds."""
+    """The prompt search's settings: its screen (``none`` by default, i.e. random search into the
+    dense confirmation; ``auto``: the compressed caches where the fidelity verdict trusts them, else
+    none) and the other methods' picks as seeds."""
     screen = cfg.screen
     if screen == "auto":
         screen = "compressed" if verdict["evaluator"] == "compressed" else "none"
         why = ("the compressed caches passed their fidelity check" if screen == "compressed" else
                "no compressor" if not base.compressor else "the compressed caches failed their fidelity check")
         say(f"search: screen {screen} ({why}; --screen chooses)")
+    elif screen == "none" and cfg.screen == DEFAULT_SCREEN:
+        say("search: no screen, random prompts straight into the dense confirmation (at equal time no screen beat "
+            "this in the pre-registered experiment; --screen auto screens on compressed caches that pass their "
+            "fidelity check)")
     seeds = {name: list(s["indices"]) for name, s in selections.items() if s.get("indices")}
     return replace(base, method="search", screen=screen, search_minutes=cfg.search_minutes,
                    screen_queries=cfg.screen_queries, confirm_queries=cfg.confirm_queries, seeds=seeds,

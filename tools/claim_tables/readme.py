@@ -13,7 +13,9 @@ import statistics
 from .base import Records, ci, mean_sd, pct, sd, table
 from .fidelity import k20_paths, k20_seeds
 from .selection import METHODS, orders_averaged, test_size
-from .trust import trust_counts
+from .trust import EQUAL_TIME, SCREEN_NAMES, equal_time, trust_counts
+
+TASK_NAMES = {"rotten_tomatoes": "Rotten Tomatoes"}
 
 
 def readme_results(records: Records) -> str:
@@ -78,8 +80,10 @@ def readme_results(records: Records) -> str:
     selection_row("selection, k = 50, pool 200 (test accuracy, %)", "select-order-perm8-k50-rotten_tomatoes.json",
                   ["affinity", "affinity:dense"], ["random", "topk", "bm25"])
 
-    two = records("search-equal-time-rotten_tomatoes-2min.json")["summary"]["budgets"]["2.0"]
-    six = records("search-equal-time-rotten_tomatoes-6min.json")["summary"]["budgets"]["6.0"]
+    pooled, by = equal_time(records)
+    budgets = {float(m): t for m, t in pooled["summary"]["budgets"].items()}
+    tasks = sorted({task for task, _ in by}, key=lambda t: (t != "rotten_tomatoes", t))
+    decision = pooled["summary"]["decision"]["default_screen"]
 
     def arm(s: dict, name: str) -> str:
         vs = s[name]["vs_cheapest"]
@@ -87,13 +91,13 @@ def readme_results(records: Records) -> str:
 
     rows.append([
         "prompt search at equal time: a screen before the dense confirmation, minus no screen (points)",
-        f"2 min: {arm(two, 'compressed')}, {arm(two, 'control')}; 6 min: {arm(six, 'compressed')}, "
-        f"{arm(six, 'control')}",
-        f"no screen: {pct(two['none']['mean'])} (2 min), {pct(six['none']['mean'])} (6 min) test accuracy; "
-        "the pre-registered rule gives no screen",
-        f"Rotten Tomatoes, {two['none']['runs']} seeds at 2 min, {six['none']['runs']} at 6 min, 400 test examples; "
-        f"interval resamples seeds and examples; {link('search-equal-time-rotten_tomatoes-2min.json')}, "
-        f"{link('search-equal-time-rotten_tomatoes-6min.json')}"])
+        "; ".join(f"{m:g} min: {arm(s, 'compressed')}, {arm(s, 'control')}" for m, s in budgets.items()),
+        "no screen: " + "; ".join(f"{m:g} min " + ", ".join(f"{TASK_NAMES.get(t, t)} {pct(by[t, m]['none']['mean'])}"
+                                                              for t in tasks) for m in budgets)
+        + f" test accuracy; the pre-registered rule gives {SCREEN_NAMES.get(decision, decision)}",
+        f"{' and '.join(TASK_NAMES.get(t, t) for t in tasks)}, {budgets[max(budgets)]['none']['runs'] // len(tasks)} "
+        f"seeds each at {' and '.join(f'{m:g}' for m in budgets)} min, 400 test examples; interval resamples (task, "
+        f"seed) runs and examples; {link(EQUAL_TIME)}, " + ", ".join(link(n) for n in pooled["records"])])
 
     runs = [r for _, r in records.glob("trust-search/*.json")]
     if runs:

@@ -14,6 +14,9 @@ import statistics
 from .base import Records, ci, cite, table
 
 RETRIEVAL = ("bm25", "topk", "bm25 (per query)")
+EQUAL_TIME = "search-equal-time.json"  # the pooled decision over the per-task records it names
+SCREENS = ("compressed", "control", "none", "dense")
+SCREEN_NAMES = {"none": "no screen"}
 
 
 def correct_answers(run: dict) -> dict[str, int]:
@@ -213,44 +216,63 @@ def trust_targets(records: Records) -> str:
     return table(["target", "command", "machine", "measured", "record"], rows)
 
 
-def equal_time_search(records: Records) -> list[str]:
-    """The pre-registered prompt search at equal time, its 2 min and 6 min records."""
-    names = ("search-equal-time-rotten_tomatoes-2min.json", "search-equal-time-rotten_tomatoes-6min.json")
-    two, six = (records(n) for n in names)
-    arms = ("compressed", "control", "none", "dense")
-    rule = {"none": "no screen"}
+def equal_time(records: Records) -> tuple[dict, dict[tuple[str, float], dict]]:
+    """The prompt search at equal time: the pooled record (its summary over every (task, seed) run
+    and the decision) and each task's summary by ``(task, minutes)``, from the records it names."""
+    pooled = records(EQUAL_TIME)
+    by: dict[tuple[str, float], dict] = {}
+    for name in pooled["records"]:
+        rec = records(name)
+        (minutes, summary), = rec["summary"]["budgets"].items()
+        by[rec["runs"][0]["task"], float(minutes)] = summary
+    runs = sum(s["none"]["runs"] for s in by.values()) * len(SCREENS)
+    if runs != pooled["runs"]:
+        raise ValueError(f"{EQUAL_TIME} pools {pooled['runs']} runs; the records it names hold {runs}")
+    return pooled, by
 
-    def budget(record: dict) -> tuple[dict, dict]:
-        (minutes, summary), = record["summary"]["budgets"].items()
-        return summary, record["summary"]["decision"]
+
+def equal_time_search(records: Records) -> list[str]:
+    """The pre-registered prompt search at equal time: every screen at each budget, over both tasks
+    and per task, and the rule's decision."""
+    pooled, by = equal_time(records)
+    budgets = pooled["summary"]["budgets"]
+    tasks = sorted({task for task, _ in by}, key=lambda t: (t != "rotten_tomatoes", t))
 
     def diff(s: dict, arm: str) -> str:
         v = s[arm]["vs_cheapest"]
         return f"{v['mean']:+.3f} {ci(v['ci95'], '+.3f')}"
 
-    s2, d2 = budget(two)
-    s6, d6 = budget(six)
-    runs2 = two["runs"]
-    seeds6 = sorted({r["seed"] for r in six["runs"]})
-    resampled = s2["compressed"]["vs_cheapest"]["resampled"]
-    wall = max(s["wall_max_over_budget"] for s in s2.values())
+    parts = []
+    for minutes, s in budgets.items():
+        per_task = "; ".join(f"{task} " + ", ".join(f"{a} {by[task, float(minutes)][a]['mean']:.3f}" for a in SCREENS)
+                             for task in tasks)
+        parts.append(
+            f"**{float(minutes):g} min**, both tasks ({s['none']['runs']} runs an arm): "
+            + ", ".join(f"{a} {s[a]['mean']:.3f}" for a in SCREENS)
+            + "; minus no screen: " + ", ".join(f"{a} {diff(s, a)}" for a in SCREENS if a != "none")
+            + f" ({per_task})")
+    wall = max(e["wall_max_over_budget"] for s in budgets.values() for e in s.values())
+    decision = pooled["summary"]["decision"]
+    rule = SCREEN_NAMES.get(decision["default_screen"], decision["default_screen"])
+    distilled = {records(n)["runs"][0]["task"]: records(n)["compressors"] for n in pooled["records"]
+                 if "compressors" in records(n)}
+    took = lambda c, arm: sum(c[arm]["distill_seconds"].values())  # noqa: E731
+    charged = "".join(
+        f". No compressor ships for {task}: its compressed arm needed {took(c, 'compressed')} s of distillation "
+        f"first, the control {took(c, 'control')} s, charged to neither arm's time"
+        for task, c in distilled.items())
+    seeds = sorted({r["seed"] for n in pooled["records"] for r in records(n)["runs"]})
     return [
         "the prompt search at equal time: compressed, control, dense or no screen before the dense confirmation "
         "(pre-registered rule: the best arm at the largest budget unless its difference with no screen has an "
         "interval containing 0)",
-        "`icl-ssm bench search --tasks rotten_tomatoes --seeds 0 1 2 --budgets 2 --test-size 400`",
+        f"`{pooled['command']}` (over the runs of the per-task records)",
         "CPU, 2 threads, quiet",
-        f"{runs2[0]['budget']:.0f} min, RT, {s2['none']['runs']} seeds, {len(runs2[0]['correct'])} test examples: "
-        + ", ".join(f"{a} {s2[a]['mean']:.3f}" for a in arms)
-        + f"; compressed minus none {diff(s2, 'compressed')} "
-        f"({'runs x examples' if resampled == 'rows and columns' else resampled}): rule at this budget: "
-        f"{rule.get(d2['default_screen'], d2['default_screen'])}. Wall <= {wall:.2f}x the budget in all "
-        f"{len(runs2)}. {six['runs'][0]['budget']:.0f} min, seeds {seeds6[0]}-{seeds6[-1]}: "
-        + ", ".join(f"{a} {s6[a]['mean']:.3f}" for a in arms)
-        + f" (compressed minus none {diff(s6, 'compressed')}; control {diff(s6, 'control')}), rule: "
-        f"{rule.get(d6['default_screen'], d6['default_screen'])}; `cr` at 6 min not yet run",
-        cite(records, "[prompt search](docs/research/prompt-search.md"
-                      "#the-equal-time-experiment-pre-registered-one-task-and-one-budget-run-so-far)", *names)]
+        f"{', '.join(tasks)}; seeds {seeds[0]}-{seeds[-1]}; 400 test examples; intervals resample (task, seed) runs "
+        "and test examples. " + ". ".join(parts)
+        + f"{charged}. Every search within {wall:.2f}x its budget. Rule: **{rule}** ({decision['why']})",
+        cite(records, "[prompt search](docs/research/prompt-search.md#the-equal-time-experiment-pre-registered)",
+             EQUAL_TIME, *pooled["records"])]
 
 
 def budget_reliability(records: Records) -> list[str]:

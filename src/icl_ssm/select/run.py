@@ -115,7 +115,7 @@ class SelectConfig:
     budget: float | None = None  # minutes: affinity sizes queries (up to `queries`) and subsets to the target
     target_reliability: float = RELIABILITY_TARGET  # with a budget: split-half reliability aimed at
     search_minutes: float = 2.0  # --method search: wall time of screen + confirm + order
-    screen: str = "compressed"  # --method search: the screen's caches (compressed, dense) or none (random search)
+    screen: str = "none"  # --method search: compressed or dense caches, or none (random search; the default)
     screen_queries: int = 32  # --method search: label-balanced validation queries of the screen
     confirm_queries: int = 64  # --method search: validation queries of the last successive-halving rung
     seeds: dict[str, list[int]] = field(default_factory=dict)  # --method search: named prompts screened too
