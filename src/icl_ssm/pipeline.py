@@ -197,8 +197,8 @@ def resolve_compressor(cfg: RunConfig, out: Path, stages: Stages) -> dict:
         return {"compressor": str(shipped / "compressor"), "control": cfg.control or
                 (str(control) if control.is_dir() else None), "source": "shipped", "recipe": recipe}
     if not cfg.distill:
-        say(f"no compressor is shipped for {cfg.model} / {cfg.task}: selecting on dense caches, the search without a "
-            "screen (a compressor distilled in a run has not passed its fidelity verdict in any run measured, "
+        say(f"no compressor is shipped for {cfg.model} / {cfg.task}: selecting on dense caches (a compressor "
+            "distilled in a run has not passed its fidelity verdict in any run measured, "
             "docs/research/prompt-search.md; --distill distils one first, --compressor DIR takes one)")
         return {"compressor": None, "control": None, "source": "none"}
     dcfg = DistillConfig(model=cfg.model, tasks=(cfg.task,), k=cfg.k, samples=cfg.distill_samples,
@@ -314,7 +314,7 @@ def search_config(cfg: RunConfig, base: SelectConfig, verdict: dict, selections:
         why = ("the compressed caches passed their fidelity check" if screen == "compressed" else
                "no compressor" if not base.compressor else "the compressed caches failed their fidelity check")
         say(f"search: screen {screen} ({why}; --screen chooses)")
-    elif screen == "none" and cfg.screen == DEFAULT_SCREEN:
+    elif screen == "none":
         say("search: no screen, random prompts straight into the dense confirmation (at equal time no screen beat "
             "this in the pre-registered experiment; --screen auto screens on compressed caches that pass their "
             "fidelity check)")

@@ -192,7 +192,8 @@ def selection_quality(records: Records) -> str:
 
     head = records("headroom-k20.json")
     edge = records("headroom-k20-edge_existence-10sets.json")
-    tasks = {**head["tasks"], **edge["tasks"]}
+    mmlu = records("headroom-k20-mmlu.json")
+    tasks = {**head["tasks"], **edge["tasks"], **mmlu["tasks"]}
     name = lambda t: "Rotten Tomatoes" if t == "rotten_tomatoes" else f"`{t}`"  # noqa: E731
     rows.append([
         f"what there is to select: best of {head['tasks']['rotten_tomatoes']['sets']} random {head['k']}-sets over the "
@@ -202,10 +203,11 @@ def selection_quality(records: Records) -> str:
         "CPU, 1 thread",
         ", ".join(f"{name(t)} {100 * v['best_minus_mean']:+.1f}" for t, v in tasks.items())
         + f"; {head['tasks']['rotten_tomatoes']['sets']} sets x {head['test_size']} test examples "
-        f"(`edge_existence` {edge['tasks']['edge_existence']['sets']} x {edge['test_size']})",
+        f"(`edge_existence` {edge['tasks']['edge_existence']['sets']} x {edge['test_size']}; `mmlu` "
+        f"{mmlu['tasks']['mmlu']['sets']} x {mmlu['tasks']['mmlu']['queries']}, the asset's test questions, 2 threads)",
         "—",
         cite(records, "[headroom](docs/research/headroom.md)", "headroom-k20.json",
-             "headroom-k20-edge_existence-10sets.json")])
+             "headroom-k20-edge_existence-10sets.json", "headroom-k20-mmlu.json")])
 
     q32 = records("select-k50-q32-balanced-rotten_tomatoes.json")
     q96 = records("select-k50-q96-balanced-rotten_tomatoes.json")

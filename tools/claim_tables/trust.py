@@ -259,7 +259,8 @@ def equal_time_search(records: Records) -> list[str]:
     took = lambda c, arm: sum(c[arm]["distill_seconds"].values())  # noqa: E731
     charged = "".join(
         f". No compressor ships for {task}: its compressed arm needed {took(c, 'compressed')} s of distillation "
-        f"first, the control {took(c, 'control')} s, charged to neither arm's time"
+        f"first, the control {took(c, 'control')} s of training on the same teacher targets, charged to neither "
+        "arm's time"
         for task, c in distilled.items())
     seeds = sorted({r["seed"] for n in pooled["records"] for r in records(n)["runs"]})
     return [

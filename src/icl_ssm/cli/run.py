@@ -38,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--control", default=d.control, help="a control compressor directory for the fidelity table")
     p.add_argument("--distill", action="store_true",
                    help="distil a compressor first (without one shipped for the model and task, run selects on dense "
-                        "caches and searches without a screen)")
+                        "caches)")
     p.add_argument("--distill-samples", type=int, default=d.distill_samples, help="training subsets when distilling")
     p.add_argument("--distill-epochs", type=float, default=d.distill_epochs, help="epochs of each stage")
     for name in ("state_size", "num_virtual", "num_sink", "latent_size", "num_recent"):
