@@ -80,9 +80,8 @@ def readme_results(records: Records) -> str:
     selection_row("selection, k = 50, pool 200 (test accuracy, %)", "select-order-perm8-k50-rotten_tomatoes.json",
                   ["affinity", "affinity:dense"], ["random", "topk", "bm25"])
 
-    pooled, by = equal_time(records)
+    pooled, _, by, tasks, examples = equal_time(records)
     budgets = {float(m): t for m, t in pooled["summary"]["budgets"].items()}
-    tasks = sorted({task for task, _ in by}, key=lambda t: (t != "rotten_tomatoes", t))
     decision = pooled["summary"]["decision"]["default_screen"]
 
     def arm(s: dict, name: str) -> str:
@@ -96,8 +95,9 @@ def readme_results(records: Records) -> str:
                                                               for t in tasks) for m in budgets)
         + f" test accuracy; the pre-registered rule gives {SCREEN_NAMES.get(decision, decision)}",
         f"{' and '.join(TASK_NAMES.get(t, t) for t in tasks)}, {budgets[max(budgets)]['none']['runs'] // len(tasks)} "
-        f"seeds each at {' and '.join(f'{m:g}' for m in budgets)} min, 400 test examples; interval resamples (task, "
-        f"seed) runs and examples; {link(EQUAL_TIME)}, " + ", ".join(link(n) for n in pooled["records"])])
+        f"seeds each at {' and '.join(f'{m:g}' for m in budgets)} min, {examples} test examples; interval "
+        f"resamples (task, seed) runs and examples; {link(EQUAL_TIME)}, "
+        + ", ".join(link(n) for n in pooled["records"])])
 
     runs = [r for _, r in records.glob("trust-search/*.json")]
     if runs:

@@ -10,6 +10,7 @@ random and retrieval prompts in correct test answers (:func:`placed`, :func:`tru
 from __future__ import annotations
 
 import statistics
+from typing import NamedTuple
 
 from .base import Records, ci, cite, table
 
@@ -216,37 +217,49 @@ def trust_targets(records: Records) -> str:
     return table(["target", "command", "machine", "measured", "record"], rows)
 
 
-def equal_time(records: Records) -> tuple[dict, dict[tuple[str, float], dict]]:
-    """The prompt search at equal time: the pooled record (its summary over every (task, seed) run
-    and the decision) and each task's summary by ``(task, minutes)``, from the records it names."""
+class EqualTime(NamedTuple):
+    """The prompt search at equal time: the pooled record (its summary over every (task, seed) run and
+    the decision), the per-task records it names, each one's summary by ``(task, minutes)``, the tasks
+    (Rotten Tomatoes first) and the test examples every prompt was scored on."""
+
+    pooled: dict
+    parts: list[dict]
+    by: dict[tuple[str, float], dict]
+    tasks: list[str]
+    test_size: int
+
+
+def equal_time(records: Records) -> EqualTime:
+    """:class:`EqualTime` from ``search-equal-time.json`` and the records it names (each read once);
+    a pooled record whose run count differs from theirs is refused."""
     pooled = records(EQUAL_TIME)
+    parts = [records(name) for name in pooled["records"]]
     by: dict[tuple[str, float], dict] = {}
-    for name in pooled["records"]:
-        rec = records(name)
+    for rec in parts:
         (minutes, summary), = rec["summary"]["budgets"].items()
         by[rec["runs"][0]["task"], float(minutes)] = summary
-    runs = sum(s["none"]["runs"] for s in by.values()) * len(SCREENS)
+    runs = sum(len(rec["runs"]) for rec in parts)
     if runs != pooled["runs"]:
         raise ValueError(f"{EQUAL_TIME} pools {pooled['runs']} runs; the records it names hold {runs}")
-    return pooled, by
+    tasks = sorted({task for task, _ in by}, key=lambda t: (t != "rotten_tomatoes", t))
+    return EqualTime(pooled, parts, by, tasks, len(parts[0]["runs"][0]["correct"]))
 
 
 def equal_time_search(records: Records) -> list[str]:
     """The pre-registered prompt search at equal time: every screen at each budget, over both tasks
     and per task, and the rule's decision."""
-    pooled, by = equal_time(records)
+    pooled, parts, by, tasks, examples = equal_time(records)
     budgets = pooled["summary"]["budgets"]
-    tasks = sorted({task for task, _ in by}, key=lambda t: (t != "rotten_tomatoes", t))
 
     def diff(s: dict, arm: str) -> str:
         v = s[arm]["vs_cheapest"]
         return f"{v['mean']:+.3f} {ci(v['ci95'], '+.3f')}"
 
-    parts = []
+    lines = []
     for minutes, s in budgets.items():
         per_task = "; ".join(f"{task} " + ", ".join(f"{a} {by[task, float(minutes)][a]['mean']:.3f}" for a in SCREENS)
                              for task in tasks)
-        parts.append(
+        lines.append(
             f"**{float(minutes):g} min**, both tasks ({s['none']['runs']} runs an arm): "
             + ", ".join(f"{a} {s[a]['mean']:.3f}" for a in SCREENS)
             + "; minus no screen: " + ", ".join(f"{a} {diff(s, a)}" for a in SCREENS if a != "none")
@@ -254,23 +267,22 @@ def equal_time_search(records: Records) -> list[str]:
     wall = max(e["wall_max_over_budget"] for s in budgets.values() for e in s.values())
     decision = pooled["summary"]["decision"]
     rule = SCREEN_NAMES.get(decision["default_screen"], decision["default_screen"])
-    distilled = {records(n)["runs"][0]["task"]: records(n)["compressors"] for n in pooled["records"]
-                 if "compressors" in records(n)}
+    distilled = {rec["runs"][0]["task"]: rec["compressors"] for rec in parts if "compressors" in rec}
     took = lambda c, arm: sum(c[arm]["distill_seconds"].values())  # noqa: E731
     charged = "".join(
         f". No compressor ships for {task}: its compressed arm needed {took(c, 'compressed')} s of distillation "
         f"first, the control {took(c, 'control')} s of training on the same teacher targets, charged to neither "
         "arm's time"
         for task, c in distilled.items())
-    seeds = sorted({r["seed"] for n in pooled["records"] for r in records(n)["runs"]})
+    seeds = sorted({r["seed"] for rec in parts for r in rec["runs"]})
     return [
         "the prompt search at equal time: compressed, control, dense or no screen before the dense confirmation "
         "(pre-registered rule: the best arm at the largest budget unless its difference with no screen has an "
         "interval containing 0)",
         f"`{pooled['command']}` (over the runs of the per-task records)",
         "CPU, 2 threads, quiet",
-        f"{', '.join(tasks)}; seeds {seeds[0]}-{seeds[-1]}; 400 test examples; intervals resample (task, seed) runs "
-        "and test examples. " + ". ".join(parts)
+        f"{', '.join(tasks)}; seeds {seeds[0]}-{seeds[-1]}; {examples} test examples; intervals resample (task, "
+        "seed) runs and test examples. " + ". ".join(lines)
         + f"{charged}. Every search within {wall:.2f}x its budget. Rule: **{rule}** ({decision['why']})",
         cite(records, "[prompt search](docs/research/prompt-search.md#the-equal-time-experiment-pre-registered)",
              EQUAL_TIME, *pooled["records"])]
