@@ -75,7 +75,8 @@ def test_trust_records_count_runs_at_or_above_the_median():
              "at_or_above_retrieval": True},
             {"task": "coin_flip", "plain": {"at_or_above": 7, "count": 16, "shown_better": True}}]
     assert claims.trust_counts(runs) == {"runs": 3, "at_or_above_median": 2, "at_or_above_three_quarters": 1,
-                                         "at_or_above_retrieval": 1, "shown_better": 2, "shown_better_rt_cr": 1,
+                                         "at_or_above_three_quarters_balanced": 0, "at_or_above_retrieval": 1,
+                                         "shown_better": 2, "shown_better_rt_cr": 1,
                                          "shown_better_balanced_rt_cr": 0, "runs_rt_cr": 2}
 
 
@@ -87,6 +88,36 @@ def test_trust_places_count_correct_answers_so_a_tie_is_at():
                                "balanced-0": right(100), "topk": right(314), "bm25": right(200)}}
     assert claims.placed(run) == {"plain": 1, "plain_count": 2, "balanced": 1, "balanced_count": 1,
                                   "retrieval": True}
+
+
+def test_a_trust_target_is_decided_only_when_the_runs_to_come_cannot_change_it():
+    assert claims.verdict(12, 12, left=3) == "met"
+    assert claims.verdict(10, 12, left=1) == "**not met**"
+    assert claims.verdict(10, 12, left=2) == "needs 2 of the 2 runs to come"
+    assert claims.verdict(11, 12, left=0) == "**not met**"
+    assert claims.budget_ratio({"search": {"wall_seconds": 121.0, "budget_seconds": 120.0}}) == pytest.approx(121 / 120)
+    assert claims.budget_ratio({"search": {}}) is None
+
+
+def test_the_trust_targets_are_counted_over_the_stored_runs_and_decided_at_fifteen(copy):
+    """With 15 runs stored the table says so and decides every target; a run over 1.1x its budget fails."""
+    folder = copy / claims.RESULTS / "trust-search"
+    stored = sorted(folder.glob("*.json"))
+    benchmarks = (copy / "BENCHMARKS.md").read_text()
+    assert f"{len(stored)} of 15 runs stored" in benchmarks or len(stored) == 15
+    for i in range(15 - len(stored)):  # stand-ins for the runs to come: copies of stored runs under new seeds
+        record = json.loads(stored[i].read_text())
+        record["seed"] = 100 + i
+        (folder / f"{record['task']}-s{record['seed']}.json").write_text(json.dumps(record))
+    record = json.loads(stored[0].read_text())
+    record["search"]["wall_seconds"] = 1.2 * record["search"]["budget_seconds"]
+    stored[0].write_text(json.dumps(record))
+    assert claims.check(copy, write=True) == []
+    text = (copy / "BENCHMARKS.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| pre-registered trust evaluation"))
+    assert "all 15 runs stored" in row and "runs to come" not in row
+    assert "at most 1.20x its budget (**not met**)" in row
+    assert "Of the 15 runs: at or above 12 of the 16 plain random prompts in" in text
 
 
 def test_headroom_is_the_share_of_the_median_to_oracle_gap_in_correct_answers():

@@ -47,11 +47,22 @@ from claim_tables.scan import legendre, scan
 from claim_tables.selection import one_order, orders_averaged, search_gains, select_cost, selection_quality
 from claim_tables.ssm_reads import ssm_reads
 from claim_tables.synthetic import from_k, synthetic
-from claim_tables.trust import headroom, placed, rate, trust_balanced, trust_counts, trust_runs, trust_targets
+from claim_tables.trust import (
+    budget_ratio,
+    headroom,
+    placed,
+    rate,
+    trust_balanced,
+    trust_counts,
+    trust_runs,
+    trust_targets,
+    verdict,
+)
 
 __all__ = ["RESULTS", "PROVENANCE", "ClaimError", "Records", "validate_record", "TABLES", "render", "check", "main",
            # the renderers' helpers that tests/test_claims.py checks, as they were before tools/claim_tables/
-           "placed", "headroom", "trust_counts", "rate", "p_text", "orders_averaged", "one_order", "search_gains",
+           "placed", "headroom", "trust_counts", "verdict", "budget_ratio", "rate",
+           "p_text", "orders_averaged", "one_order", "search_gains",
            "exact_share", "from_k"]
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ import statistics
 from .base import Records, ci, mean_sd, pct, sd, table
 from .fidelity import k20_paths, k20_seeds
 from .selection import METHODS, orders_averaged, test_size
-from .trust import EQUAL_TIME, SCREEN_NAMES, equal_time, trust_counts
+from .trust import EQUAL_TIME, PLANNED_RUNS, SCREEN_NAMES, equal_time, trust_counts
 
 TASK_NAMES = {"rotten_tomatoes": "Rotten Tomatoes"}
 
@@ -108,7 +108,8 @@ def readme_results(records: Records) -> str:
             f"at or above the median random prompt in {c['at_or_above_median']} of {c['runs']} runs, above 3/4 of "
             f"them in {c['at_or_above_three_quarters']}; shown better than the median in {c['shown_better']}",
             "16 plain random prompts per run on the same test examples",
-            f"{c['runs']} of 15 runs finished ({', '.join(tasks)}); 400 test examples each; "
+            (f"{c['runs']} of {PLANNED_RUNS} runs finished" if c["runs"] < PLANNED_RUNS else f"{c['runs']} runs")
+            + f" ({', '.join(tasks)}); 400 test examples each; "
             "[records](docs/results/trust-search/)"])
 
     syn = records("synthetic-products-select-k20.json")

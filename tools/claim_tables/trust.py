@@ -60,17 +60,81 @@ def headroom(run: dict) -> dict | None:
             "captured": (answers["handed-over"] - median) / gap if gap else None}
 
 
+PLANNED_RUNS = 15  # the pre-registered evaluation: seeds 5-9 x rotten_tomatoes, cr, coin_flip
+TARGETS = {"at_or_above_three_quarters": 12, "at_or_above_retrieval": 10, "shown_better_rt_cr": 7}
+PLANNED_RT_CR = 10
+BUDGET_FACTOR = 1.1  # the search's wall time may reach this many times its budget
+
+
 def trust_counts(runs: list[dict]) -> dict[str, int]:
     where = [placed(r) for r in runs if r.get("plain")]
     shown = [r for r in runs if r.get("plain") and r.get("task") in ("rotten_tomatoes", "cr")]
+    balanced = [w for w in where if w.get("balanced_count")]
     return {"runs": len(runs),
             "at_or_above_median": sum(w["plain"] >= w["plain_count"] / 2 for w in where),
             "at_or_above_three_quarters": sum(w["plain"] >= 0.75 * w["plain_count"] for w in where),
+            "at_or_above_three_quarters_balanced": sum(w["balanced"] >= 0.75 * w["balanced_count"] for w in balanced),
             "at_or_above_retrieval": sum(w["retrieval"] for w in where),
             "shown_better": sum(bool(r["plain"].get("shown_better")) for r in runs if r.get("plain")),
             "shown_better_rt_cr": sum(bool(r["plain"].get("shown_better")) for r in shown),
             "shown_better_balanced_rt_cr": sum(bool((r.get("balanced") or {}).get("shown_better")) for r in shown),
             "runs_rt_cr": len(shown)}
+
+
+def budget_ratio(run: dict) -> float | None:
+    """A trust run's search wall time over its budget (``None`` where the record has no search)."""
+    search = run.get("search") or {}
+    if not search.get("wall_seconds") or not search.get("budget_seconds"):
+        return None
+    return search["wall_seconds"] / search["budget_seconds"]
+
+
+def verdict(count: int, target: int, left: int) -> str:
+    """``met`` / ``not met`` once the count decides the target, else how many of the ``left`` runs still to
+    come it needs (a count grows by at most one a run)."""
+    if count >= target:
+        return "met"
+    if count + left < target:
+        return "**not met**"
+    return f"needs {target - count} of the {left} runs to come"
+
+
+def trust_evaluation(records: Records) -> list[str]:
+    """The pre-registered trust evaluation against its targets, counted over the stored runs."""
+    runs = [r for _, r in records.glob("trust-search/*.json")]
+    c = trust_counts(runs)
+    n, rt_cr = c["runs"], c["runs_rt_cr"]
+    ratios = [x for x in (budget_ratio(r) for r in runs) if x is not None]
+    worst = max(ratios) if ratios else None
+    stored = f"{n} of {PLANNED_RUNS} runs" if n < PLANNED_RUNS else f"all {n} runs"
+    left, left_rt_cr = PLANNED_RUNS - n, PLANNED_RT_CR - rt_cr
+    measured = (
+        f"{stored} stored. At or above 12 of the 16 plain random prompts in {c['at_or_above_three_quarters']} "
+        f"({verdict(c['at_or_above_three_quarters'], TARGETS['at_or_above_three_quarters'], left)}); "
+        f"at or above the best retrieval in {c['at_or_above_retrieval']} "
+        f"({verdict(c['at_or_above_retrieval'], TARGETS['at_or_above_retrieval'], left)}); "
+        f"shown better than the median plain random prompt on rotten_tomatoes and cr in {c['shown_better_rt_cr']} "
+        f"of {rt_cr} ({verdict(c['shown_better_rt_cr'], TARGETS['shown_better_rt_cr'], left_rt_cr)}). "
+        f"Against the 16 label-balanced random prompts: at or above 12 of them in "
+        f"{c['at_or_above_three_quarters_balanced']}, shown better than their median on rotten_tomatoes and cr in "
+        f"{c['shown_better_balanced_rt_cr']} of {rt_cr}. The search's wall time "
+        + ("-" if worst is None else f"at most {worst:.2f}x its budget ("
+           + ("met" if worst <= BUDGET_FACTOR else "**not met**") + ")")
+        + ". Places counted in correct test answers, a tie counting as at")
+    return [
+        "pre-registered trust evaluation (seeds 5-9 x rotten_tomatoes, cr, coin_flip): the handed-over prompt at "
+        "or above 12 of 16 plain random prompts in >= 12 of 15 runs; at or above the best retrieval in >= 10; "
+        "shown better than the median random prompt on rotten_tomatoes and cr in >= 7 of 10; the search within "
+        "1.1x its budget in every run",
+        "`icl-ssm bench trust --tasks rotten_tomatoes cr coin_flip --seeds 5 6 7 8 9 --test-size 400 --records "
+        "docs/results/trust-search` (from the pre-registered commit 74f7bdc)",
+        "CPU, 2 threads", measured,
+        "[run by run](#the-pre-registered-trust-evaluation-run-by-run), [records](docs/results/trust-search/)"]
+
+
+def stored_runs(n: int) -> str:
+    """'So far, of 11 of 15 runs' while the evaluation runs, 'Of the 15 runs' once it is done."""
+    return f"So far, of {n} of {PLANNED_RUNS} runs" if n < PLANNED_RUNS else f"Of the {n} runs"
 
 
 def trust_runs(records: Records) -> str:
@@ -98,7 +162,7 @@ def trust_runs(records: Records) -> str:
     return (table(["task", "seed", "handed over", "test acc", "at or above plain random prompts", "median random",
                    "vs median random [95% CI, test examples]", "at or above balanced random",
                    "best retrieval (at or above it?)", "zero-shot", "search s / budget", "record"], rows)
-            + f"\n\nSo far, of {c['runs']} of 15 runs: at or above 12 of the 16 plain random prompts in "
+            + f"\n\n{stored_runs(c['runs'])}: at or above 12 of the 16 plain random prompts in "
             f"{c['at_or_above_three_quarters']} (target: 12 of 15); at or above the best retrieval in "
             f"{c['at_or_above_retrieval']} (target: 10 of 15); shown better than the median plain random prompt on "
             f"rotten_tomatoes and cr in {c['shown_better_rt_cr']} of {c['runs_rt_cr']} (target: 7 of 10). Places are "
@@ -129,8 +193,10 @@ def trust_balanced(records: Records) -> str:
     return (table(["task", "seed", "test acc", "median balanced random", "vs median balanced [95% CI, test examples]",
                    "shown better?", "best plain random (oracle)", "share of the median-to-oracle gap captured",
                    "record"], rows)
-            + f"\n\nShown better than the median label-balanced random prompt on rotten_tomatoes and cr in "
-            f"{c['shown_better_balanced_rt_cr']} of {c['runs_rt_cr']}. The handed-over prompt captured a median "
+            + f"\n\nAt or above 12 of the 16 label-balanced random prompts in "
+            f"{c['at_or_above_three_quarters_balanced']} of {c['runs']} runs; shown better than their median on "
+            f"rotten_tomatoes and cr in {c['shown_better_balanced_rt_cr']} of {c['runs_rt_cr']}. The handed-over "
+            f"prompt captured a median "
             f"{middle} of the gap between the median plain random prompt and the best one (over {len(shares)} runs; "
             "above 100% where it beat every plain random prompt). Shares are counted in correct test answers; a gap "
             "of 0 has no share.")
@@ -212,6 +278,8 @@ def trust_targets(records: Records) -> str:
              "verdict-simulation-rotten_tomatoes-k50.json")])
 
     rows.append(equal_time_search(records))
+    if records.glob("trust-search/*.json"):
+        rows.append(trust_evaluation(records))
     rows.append(budget_reliability(records))
     rows.append(wall_against_flops(records))
     return table(["target", "command", "machine", "measured", "record"], rows)
