@@ -77,7 +77,7 @@ def test_trust_records_count_runs_at_or_above_the_median():
     assert claims.trust_counts(runs) == {"runs": 3, "at_or_above_median": 2, "at_or_above_three_quarters": 1,
                                          "at_or_above_three_quarters_balanced": 0, "at_or_above_retrieval": 1,
                                          "shown_better": 2, "shown_better_rt_cr": 1,
-                                         "shown_better_balanced_rt_cr": 0, "runs_rt_cr": 2}
+                                         "runs_balanced": 0, "shown_better_balanced_rt_cr": 0, "runs_rt_cr": 2}
 
 
 def test_trust_places_count_correct_answers_so_a_tie_is_at():
@@ -88,6 +88,9 @@ def test_trust_places_count_correct_answers_so_a_tie_is_at():
                                "balanced-0": right(100), "topk": right(314), "bm25": right(200)}}
     assert claims.placed(run) == {"plain": 1, "plain_count": 2, "balanced": 1, "balanced_count": 1,
                                   "retrieval": True}
+    assert claims.retrieval_tie(run)  # 314 = 314 with topk: counted as at, and said to be a tie
+    run["prompts_on_test"]["topk"] = right(313)
+    assert claims.placed(run)["retrieval"] and not claims.retrieval_tie(run)
 
 
 def test_a_trust_target_is_decided_only_when_the_runs_to_come_cannot_change_it():
@@ -104,7 +107,10 @@ def test_the_trust_targets_are_counted_over_the_stored_runs_and_decided_at_fifte
     folder = copy / claims.RESULTS / "trust-search"
     stored = sorted(folder.glob("*.json"))
     benchmarks = (copy / "BENCHMARKS.md").read_text()
-    assert f"{len(stored)} of 15 runs stored" in benchmarks or len(stored) == 15
+    if len(stored) < 15:  # the budget is met only once no run to come can go over it
+        row = next(line for line in benchmarks.splitlines() if line.startswith("| pre-registered trust evaluation"))
+        assert f"{len(stored)} of 15 runs stored" in row
+        assert f"its budget (so far; {15 - len(stored)} runs undecided)" in row
     for i in range(15 - len(stored)):  # stand-ins for the runs to come: copies of stored runs under new seeds
         record = json.loads(stored[i].read_text())
         record["seed"] = 100 + i
@@ -112,7 +118,7 @@ def test_the_trust_targets_are_counted_over_the_stored_runs_and_decided_at_fifte
     record = json.loads(stored[0].read_text())
     record["search"]["wall_seconds"] = 1.2 * record["search"]["budget_seconds"]
     stored[0].write_text(json.dumps(record))
-    assert claims.check(copy, write=True) == []
+    claims.check(copy, write=True)
     text = (copy / "BENCHMARKS.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| pre-registered trust evaluation"))
     assert "all 15 runs stored" in row and "runs to come" not in row

@@ -52,6 +52,7 @@ from claim_tables.trust import (
     headroom,
     placed,
     rate,
+    retrieval_tie,
     trust_balanced,
     trust_counts,
     trust_runs,
@@ -61,7 +62,7 @@ from claim_tables.trust import (
 
 __all__ = ["RESULTS", "PROVENANCE", "ClaimError", "Records", "validate_record", "TABLES", "render", "check", "main",
            # the renderers' helpers that tests/test_claims.py checks, as they were before tools/claim_tables/
-           "placed", "headroom", "trust_counts", "verdict", "budget_ratio", "rate",
+           "placed", "headroom", "trust_counts", "verdict", "budget_ratio", "retrieval_tie", "rate",
            "p_text", "orders_averaged", "one_order", "search_gains",
            "exact_share", "from_k"]
 

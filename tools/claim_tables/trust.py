@@ -74,6 +74,7 @@ def trust_counts(runs: list[dict]) -> dict[str, int]:
             "at_or_above_median": sum(w["plain"] >= w["plain_count"] / 2 for w in where),
             "at_or_above_three_quarters": sum(w["plain"] >= 0.75 * w["plain_count"] for w in where),
             "at_or_above_three_quarters_balanced": sum(w["balanced"] >= 0.75 * w["balanced_count"] for w in balanced),
+            "runs_balanced": len(balanced),
             "at_or_above_retrieval": sum(w["retrieval"] for w in where),
             "shown_better": sum(bool(r["plain"].get("shown_better")) for r in runs if r.get("plain")),
             "shown_better_rt_cr": sum(bool(r["plain"].get("shown_better")) for r in shown),
@@ -87,6 +88,13 @@ def budget_ratio(run: dict) -> float | None:
     if not search.get("wall_seconds") or not search.get("budget_seconds"):
         return None
     return search["wall_seconds"] / search["budget_seconds"]
+
+
+def retrieval_tie(run: dict) -> bool:
+    """Whether a trust run's handed-over prompt ties the best retrieval prompt in correct test answers."""
+    answers = correct_answers(run)
+    retrieval = [answers[n] for n in RETRIEVAL if n in answers]
+    return "handed-over" in answers and bool(retrieval) and answers["handed-over"] == max(retrieval)
 
 
 def verdict(count: int, target: int, left: int) -> str:
@@ -104,22 +112,31 @@ def trust_evaluation(records: Records) -> list[str]:
     runs = [r for _, r in records.glob("trust-search/*.json")]
     c = trust_counts(runs)
     n, rt_cr = c["runs"], c["runs_rt_cr"]
-    ratios = [x for x in (budget_ratio(r) for r in runs) if x is not None]
-    worst = max(ratios) if ratios else None
+    ratios = [budget_ratio(r) for r in runs]
+    timed = [x for x in ratios if x is not None]
+    worst = max(timed) if timed else None
+    ties = sum(retrieval_tie(r) for r in runs)
     stored = f"{n} of {PLANNED_RUNS} runs" if n < PLANNED_RUNS else f"all {n} runs"
-    left, left_rt_cr = PLANNED_RUNS - n, PLANNED_RT_CR - rt_cr
+    left, left_rt_cr = max(0, PLANNED_RUNS - n), max(0, PLANNED_RT_CR - rt_cr)
+    if worst is not None and worst > BUDGET_FACTOR:
+        within = "**not met**"
+    elif left == 0 and len(timed) == len(ratios):
+        within = "met"
+    else:  # a run to come, or one whose record holds no search timings, could still go over
+        within = f"so far; {left + len(ratios) - len(timed)} runs undecided"
     measured = (
         f"{stored} stored. At or above 12 of the 16 plain random prompts in {c['at_or_above_three_quarters']} "
         f"({verdict(c['at_or_above_three_quarters'], TARGETS['at_or_above_three_quarters'], left)}); "
         f"at or above the best retrieval in {c['at_or_above_retrieval']} "
-        f"({verdict(c['at_or_above_retrieval'], TARGETS['at_or_above_retrieval'], left)}); "
+        f"({verdict(c['at_or_above_retrieval'], TARGETS['at_or_above_retrieval'], left)}"
+        + (f"; {ties} of them by an exact tie" if ties else "") + "); "
         f"shown better than the median plain random prompt on rotten_tomatoes and cr in {c['shown_better_rt_cr']} "
         f"of {rt_cr} ({verdict(c['shown_better_rt_cr'], TARGETS['shown_better_rt_cr'], left_rt_cr)}). "
         f"Against the 16 label-balanced random prompts: at or above 12 of them in "
-        f"{c['at_or_above_three_quarters_balanced']}, shown better than their median on rotten_tomatoes and cr in "
+        f"{c['at_or_above_three_quarters_balanced']} of {c['runs_balanced']}, shown better than their median on "
+        f"rotten_tomatoes and cr in "
         f"{c['shown_better_balanced_rt_cr']} of {rt_cr}. The search's wall time "
-        + ("-" if worst is None else f"at most {worst:.2f}x its budget ("
-           + ("met" if worst <= BUDGET_FACTOR else "**not met**") + ")")
+        + ("-" if worst is None else f"at most {worst:.2f}x its budget ({within})")
         + ". Places counted in correct test answers, a tie counting as at")
     return [
         "pre-registered trust evaluation (seeds 5-9 x rotten_tomatoes, cr, coin_flip): the handed-over prompt at "
@@ -194,9 +211,9 @@ def trust_balanced(records: Records) -> str:
                    "shown better?", "best plain random (oracle)", "share of the median-to-oracle gap captured",
                    "record"], rows)
             + f"\n\nAt or above 12 of the 16 label-balanced random prompts in "
-            f"{c['at_or_above_three_quarters_balanced']} of {c['runs']} runs; shown better than their median on "
-            f"rotten_tomatoes and cr in {c['shown_better_balanced_rt_cr']} of {c['runs_rt_cr']}. The handed-over "
-            f"prompt captured a median "
+            f"{c['at_or_above_three_quarters_balanced']} of {c['runs_balanced']} runs; shown better than their "
+            f"median on rotten_tomatoes and cr in {c['shown_better_balanced_rt_cr']} of {c['runs_rt_cr']}. "
+            f"The handed-over prompt captured a median "
             f"{middle} of the gap between the median plain random prompt and the best one (over {len(shares)} runs; "
             "above 100% where it beat every plain random prompt). Shares are counted in correct test answers; a gap "
             "of 0 has no share.")
