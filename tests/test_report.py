@@ -392,6 +392,9 @@ def test_search_section_says_what_each_number_rests_on():
     assert "| 1 | 16 | 8 | 0.610 | swap, random, random, random, ... |" in text
     assert search_lines(None) == []
     assert "## Prompt search" not in _markdown({**full_report(), "search": None}, {})
+    assert not any(line.startswith("- Stopped early") for line in lines)
+    stopped = "the confirmation stopped before rung 4 of 4 (2 x 64q): it ran 1.48x the pilot's time"
+    assert f"- Stopped early: {stopped}." in search_lines({**sample_search(), "stopped": stopped})
 
 
 def test_search_section_without_a_screen_or_its_statistics():

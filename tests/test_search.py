@@ -117,6 +117,46 @@ def test_the_search_keeps_to_its_budget(budget, screen):
     assert len(selection.indices) == 10 and len(set(selection.indices)) == 10
 
 
+@dataclass
+class SlowedAfter(Planted):
+    """:class:`Planted` whose calls take ``factor`` times as long after its first ``after`` calls: a
+    machine that slows once the pilot has timed it (another job on the cores)."""
+
+    after: int = 2
+    factor: float = 1.5
+
+    def evaluate(self, pool, validation, subsets):
+        self.calls = getattr(self, "calls", 0) + 1
+        before = self.clock.t
+        out = super().evaluate(pool, validation, subsets)
+        if self.calls > self.after:
+            self.clock.t = before + self.factor * (self.clock.t - before)
+        return out
+
+
+@pytest.mark.parametrize(("factor", "where"), [(2.0, "before rung 4"), (3.0, "within rung 1")])
+def test_a_machine_slowed_after_the_pilot_stops_the_confirmation_within_the_budget(factor, where):
+    """The pilot (two confirm calls) runs at full speed, every later call ``factor`` times slower: the
+    confirmation stops before a rung, or within one, that would end past the budget, and says so."""
+    budget, pool = 60.0, pool_of(40)
+    labels = [e.target for e in pool]
+
+    def run(slow: float):
+        clock = Clock()
+        confirm = SlowedAfter(frozenset(range(6)), labels, clock, seed=0, factor=slow)
+        search = PromptSearch(confirm=confirm, screen=None, budget=budget, screen_queries=16, confirm_queries=32,
+                              order_candidates=6, labels=LABELS, clock=clock)
+        return search.select(pool, validation_of(40), 10, np.random.default_rng(0)).details
+
+    steady, slowed = run(1.0), run(factor)
+    assert steady["stopped"] is None and steady["slower_than_pilot"] == pytest.approx(1.0)
+    assert slowed["wall_seconds"] <= 1.02 * budget, (slowed["wall_seconds"], slowed["phases"])
+    assert where in slowed["stopped"] and f"ran {factor:.2f}x the pilot's time" in slowed["stopped"]
+    assert len(slowed["rungs"]) < len(steady["rungs"])  # it gave up the last rungs, not the budget
+    assert slowed["confirm_queries"] == slowed["rungs"][-1]["queries"]
+    assert slowed["slower_than_pilot"] == pytest.approx(factor)
+
+
 def test_the_search_finds_planted_demonstrations_and_beats_random_prompts():
     """Six planted members lower a prompt's loss by one each; a random 10-prompt from 40 holds 1.5
     of them on average. The search's pick must hold far more, and end with differing last labels."""

@@ -438,7 +438,8 @@ def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], spl
 
 _SEARCH_KEYS = ("screen", "plan", "budget_seconds", "wall_seconds", "phases", "screened", "sources",
                 "screen_queries", "confirm_queries", "screen_split_half", "screen_reliability",
-                "screen_vs_confirm_spearman", "rungs", "winner_source", "winner_confirm_loss", "order_search")
+                "screen_vs_confirm_spearman", "rungs", "stopped", "slower_than_pilot", "winner_source",
+                "winner_confirm_loss", "order_search")
 _ROW_KEYS = ("method", "evaluator", "test_accuracy", "flops", "wall_seconds", "subsets", "indices", "labels",
              "test_size", "test_accuracy_orders", "test_accuracy_order_mean", "test_accuracy_std", "reliability",
              "queries_used", "validation_size", "score_reliability")

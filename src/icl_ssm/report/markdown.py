@@ -231,6 +231,8 @@ def search_lines(search: dict | None) -> list[str]:
         won += (f"; its order chosen among {len(cands)} on the same queries: {best.get('order')} "
                 f"(loss {_fmt(best.get('validation_loss'))})")
     lines.append(won + ".")
+    if search.get("stopped"):
+        lines.append(f"- Stopped early: {search['stopped']}.")
     table = []
     for i, r in enumerate(search.get("rungs") or []):
         losses, srcs = r.get("losses") or [], r.get("sources") or []

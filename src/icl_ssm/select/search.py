@@ -27,7 +27,11 @@ search over whole prompts, the baseline every screen has to beat at equal time.
 
 The time is split by :func:`~icl_ssm.select.search_plan.plan_search` from a short timing pilot and
 printed before it is spent (``say``); every phase stops at its own deadline, so the whole search
-ends within the budget up to one evaluator call.
+ends within the budget up to one evaluator call. A machine that slows after the pilot (another job
+on the cores) stretches every evaluation: the confirmation measures how much slower its rungs run
+than the pilot's rates and stops before a rung that would end past its share (the best of the
+last rung run goes on, and ``details["stopped"]`` says why), and the order search is sized at the
+same pace.
 """
 
 from __future__ import annotations
@@ -324,16 +328,46 @@ class PromptSearch(Selector):
         arms_in, top_q, _ = fit_confirmation(left, prefix=prefix, per_query=per_query, queries=plan.queries,
                                              max_arms=plan.arms)
         contenders = ranked[:arms_in]
-        rung_log = []
-        for size, queries in rungs_for(len(contenders), top_q):
-            contenders = contenders[:size]
-            todo = [a for a in contenders if queries not in a.confirm]
-            if todo:
-                self._confirm(pool, validation, todo, queries)
-            contenders.sort(key=lambda a: a.confirm[queries])
-            rung_log.append({"arms": size, "queries": queries,
+        rung_log, stopped = [], None
+        confirm_end = start + self.budget - plan.seconds["order"]
+        modelled = measured = 0.0  # the rungs run so far: seconds the pilot's rates give, seconds they took
+        rungs = rungs_for(len(contenders), top_q)
+        chunk = max(1, int(getattr(self.confirm, "batch", 8)))  # the evaluator's own batch: no padding lost
+        pace = lambda: measured / modelled if modelled > 0 else 1.0  # noqa: E731  # seconds taken / the pilot's
+        for i, (size, queries) in enumerate(rungs):
+            each = prefix + per_query * queries
+            todo = [a for a in contenders[:size] if queries not in a.confirm]
+            late = self.clock() + pace() * len(todo) * each - confirm_end
+            if rung_log and todo and late > 0:  # a slowed machine: the whole rung would end past the budget
+                stopped = (f"the confirmation stopped before rung {i + 1} of {len(rungs)} ({size} x {queries}q): "
+                           f"it ran {pace():.2f}x the pilot's time and would have ended {late:.0f} s past its "
+                           f"share of the budget; the best of {len(contenders)} at {rung_log[-1]['queries']} "
+                           "queries goes on")
+                break
+            for j in range(0, len(todo), chunk):
+                part = todo[j : j + chunk]
+                late = self.clock() + pace() * len(part) * each - confirm_end
+                if (rung_log or j) and late > 0:  # ... or would go past it within this rung
+                    stopped = (f"the confirmation stopped within rung {i + 1} of {len(rungs)} ({size} x "
+                               f"{queries}q) after {j} of its {len(todo)} new prompts: it ran {pace():.2f}x the "
+                               "pilot's time; the best of the prompts it reached goes on")
+                    break
+                t1 = self.clock()
+                self._confirm(pool, validation, part, queries)
+                measured, modelled = measured + self.clock() - t1, modelled + len(part) * each
+            reached = [a for a in contenders[:size] if queries in a.confirm]
+            if not reached:  # stopped before any prompt of this rung: the last rung's order stands
+                break
+            contenders = sorted(reached, key=lambda a: a.confirm[queries])
+            rung_log.append({"arms": len(contenders), "queries": queries,
                              "losses": [a.confirm[queries] for a in contenders],
                              "sources": [a.source for a in contenders]})
+            if stopped:
+                break
+        if stopped:
+            self._say(f"search: {stopped}")
+        top_q = rung_log[-1]["queries"]
+        slower = pace()
         winner = contenders[0]
         phases["confirm"] = self.clock() - t0
         screen_vs_confirm = None
@@ -346,7 +380,7 @@ class PromptSearch(Selector):
         # order the survivor, on the time left
         t0 = self.clock()
         left = self.budget - (t0 - start)
-        one = prefix + per_query * top_q
+        one = slower * (prefix + per_query * top_q)  # as slow as the confirmation ran
         orders = int(min(plan.orders, left // max(one, 1e-9)))
         indices, order_log = list(winner.prompt), None
         if orders >= 2:
@@ -371,7 +405,8 @@ class PromptSearch(Selector):
             "screen": self.screen_name if self.screen is not None else "none",
             "screened": sum(math.isfinite(a.screen_loss) for a in arms.values()), "sources": sources,
             "screen_queries": len(screen_q), "confirm_queries": top_q, **screen_stats,
-            "screen_vs_confirm_spearman": screen_vs_confirm, "rungs": rung_log,
+            "screen_vs_confirm_spearman": screen_vs_confirm, "rungs": rung_log, "stopped": stopped,
+            "slower_than_pilot": slower,
             "winner_source": winner.source, "winner_confirm_loss": winner.confirm.get(top_q),
             "order_search": order_log,
         }
