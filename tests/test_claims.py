@@ -103,26 +103,33 @@ def test_a_trust_target_is_decided_only_when_the_runs_to_come_cannot_change_it()
 
 
 def test_the_trust_targets_are_counted_over_the_stored_runs_and_decided_at_fifteen(copy):
-    """With 15 runs stored the table says so and decides every target; a run over 1.1x its budget fails."""
+    """The budget target is met only once 15 runs are stored, all within 1.1x; one run over it fails it."""
     folder = copy / claims.RESULTS / "trust-search"
     stored = sorted(folder.glob("*.json"))
-    benchmarks = (copy / "BENCHMARKS.md").read_text()
-    if len(stored) < 15:  # the budget is met only once no run to come can go over it
-        row = next(line for line in benchmarks.splitlines() if line.startswith("| pre-registered trust evaluation"))
+
+    def budget_row(ratios: dict[Path, float]) -> str:
+        for path, ratio in ratios.items():
+            record = json.loads(path.read_text())
+            record["search"]["wall_seconds"] = ratio * record["search"]["budget_seconds"]
+            path.write_text(json.dumps(record))
+        claims.check(copy, write=True)
+        text = (copy / "BENCHMARKS.md").read_text()
+        return next(line for line in text.splitlines() if line.startswith("| pre-registered trust evaluation"))
+
+    row = budget_row({path: 1.0 for path in stored[:-1]} | {stored[-1]: 1.05})
+    if len(stored) < 15:  # every stored run within 1.1x: undecided while runs are to come
         assert f"{len(stored)} of 15 runs stored" in row
-        assert f"its budget (so far; {15 - len(stored)} runs undecided)" in row
+        assert f"at most 1.05x its budget (so far; {15 - len(stored)} runs undecided)" in row
     for i in range(15 - len(stored)):  # stand-ins for the runs to come: copies of stored runs under new seeds
         record = json.loads(stored[i].read_text())
         record["seed"] = 100 + i
         (folder / f"{record['task']}-s{record['seed']}.json").write_text(json.dumps(record))
-    record = json.loads(stored[0].read_text())
-    record["search"]["wall_seconds"] = 1.2 * record["search"]["budget_seconds"]
-    stored[0].write_text(json.dumps(record))
-    claims.check(copy, write=True)
-    text = (copy / "BENCHMARKS.md").read_text()
-    row = next(line for line in text.splitlines() if line.startswith("| pre-registered trust evaluation"))
+    row = budget_row({})
     assert "all 15 runs stored" in row and "runs to come" not in row
+    assert "at most 1.05x its budget (met)" in row
+    row = budget_row({stored[0]: 1.2})
     assert "at most 1.20x its budget (**not met**)" in row
+    text = (copy / "BENCHMARKS.md").read_text()
     assert "Of the 15 runs: at or above 12 of the 16 plain random prompts in" in text
 
 
