@@ -188,6 +188,8 @@ def test_per_query_retrieval_gives_each_test_input_its_own_prompt(tmp_path, caps
                Example(id="q2", input="the sky is blue", target="a")]
     prompts = bm25_prompts(pool, queries, 2)
     assert set(prompts[0]) == {0, 3} and prompts[1][-1] == 2  # the closest last
+    nothing = [Example(id="q3", input="it is !", target="a")]  # stopwords and punctuation: no BM25 token
+    assert bm25_prompts(pool, [*queries, *nothing], 2)[2] == [1, 0]  # every score 0: the first k, by index
     from icl_ssm.data.tasks import get_task
 
     task = get_task("coin_flip", size=120)

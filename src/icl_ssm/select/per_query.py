@@ -33,13 +33,15 @@ def _nearest(scores: np.ndarray, k: int) -> list[list[int]]:
 
 def bm25_prompts(pool: Sequence[Example], queries: Sequence[Example], k: int, k1: float = 1.5,
                  b: float = 0.75) -> list[list[int]]:
-    """For every query, the ``k`` pool candidates of highest BM25 score against its input."""
+    """For every query, the ``k`` pool candidates of highest BM25 score against its input; a query with
+    no BM25 token (stopwords and punctuation only) scores every candidate 0, so it gets the first ``k``."""
     bm25s = load_bm25s()
     corpus = bm25s.tokenize([e.input for e in pool], stopwords="en", return_ids=False, show_progress=False)
     tokens = bm25s.tokenize([q.input for q in queries], stopwords="en", return_ids=False, show_progress=False)
     retriever = bm25s.BM25(k1=k1, b=b)
     retriever.index(corpus, show_progress=False)
-    return _nearest(np.stack([retriever.get_scores(q) for q in tokens]), k)
+    empty = np.zeros(len(pool))  # bm25s.BM25.get_scores fails on an empty token list
+    return _nearest(np.stack([retriever.get_scores(q) if q else empty for q in tokens]), k)
 
 
 @torch.no_grad()
