@@ -40,9 +40,15 @@ def placed(run: dict) -> dict:
     for kind in ("plain", "balanced"):
         group = [v for n, v in answers.items() if n.startswith(f"{kind}-")]
         out[kind], out[f"{kind}_count"] = sum(mine >= v for v in group), len(group)
-    retrieval = [answers[n] for n in RETRIEVAL if n in answers]
-    out["retrieval"] = bool(retrieval) and mine >= max(retrieval)
+    retrieval = best_retrieval(answers)
+    out["retrieval"] = retrieval is not None and mine >= retrieval
     return out
+
+
+def best_retrieval(answers: dict) -> int | None:
+    """The most correct test answers of a run's retrieval prompts (``None`` if it scored none)."""
+    retrieval = [answers[n] for n in RETRIEVAL if n in answers]
+    return max(retrieval) if retrieval else None
 
 
 def headroom(run: dict) -> dict | None:
@@ -93,8 +99,7 @@ def budget_ratio(run: dict) -> float | None:
 def retrieval_tie(run: dict) -> bool:
     """Whether a trust run's handed-over prompt ties the best retrieval prompt in correct test answers."""
     answers = correct_answers(run)
-    retrieval = [answers[n] for n in RETRIEVAL if n in answers]
-    return "handed-over" in answers and bool(retrieval) and answers["handed-over"] == max(retrieval)
+    return "handed-over" in answers and answers["handed-over"] == best_retrieval(answers)
 
 
 def verdict(count: int, target: int, left: int) -> str:

@@ -234,6 +234,55 @@ class PromptSearch(Selector):
         per_query = max((b - a) / (q_big - q_small), 1e-6)
         return max(a - per_query * q_small, 0.0), per_query
 
+    def _halve(self, pool, validation, contenders: list[Arm], rungs: list[tuple[int, int]], prefix: float,
+               per_query: float, confirm_end: float) -> tuple[list[Arm], list[dict], str | None, float]:
+        """Successive halving on the confirm evaluator: each rung ``(size, queries)`` scores the best
+        ``size`` contenders on ``queries`` validation queries and re-ranks them.
+
+        Before each chunk it predicts the chunk's end from the pilot's rates (``prefix``,
+        ``per_query``) times the pace measured so far; one that would end past ``confirm_end`` stops
+        the halving (never before the first chunk). Returns the contenders ranked by the last rung
+        reached, the rung log, why it stopped (``None`` if it ran every rung) and the pace (seconds
+        taken over seconds the pilot's rates give; 1.0 before any rung)."""
+        rung_log: list[dict] = []
+        stopped = None
+        modelled = measured = 0.0  # the rungs run so far: seconds the pilot's rates give, seconds they took
+        chunk = max(1, int(getattr(self.confirm, "batch", 8)))  # the evaluator's own batch: no padding lost
+        pace = lambda: measured / modelled if modelled > 0 else 1.0  # noqa: E731  # seconds taken / the pilot's
+        for i, (size, queries) in enumerate(rungs):
+            each = prefix + per_query * queries
+            todo = [a for a in contenders[:size] if queries not in a.confirm]
+            late = self.clock() + pace() * len(todo) * each - confirm_end
+            if rung_log and todo and late > 0:  # a slowed machine: the whole rung would end past the budget
+                stopped = (f"the confirmation stopped before rung {i + 1} of {len(rungs)} ({size} x {queries}q): "
+                           f"it ran {pace():.2f}x the pilot's time and would have ended {late:.0f} s past its "
+                           f"share of the budget; the best of {len(contenders)} at {rung_log[-1]['queries']} "
+                           "queries goes on")
+                break
+            for j in range(0, len(todo), chunk):
+                part = todo[j : j + chunk]
+                late = self.clock() + pace() * len(part) * each - confirm_end
+                if (rung_log or j) and late > 0:  # ... or would go past it within this rung
+                    stopped = (f"the confirmation stopped within rung {i + 1} of {len(rungs)} ({size} x "
+                               f"{queries}q) after {j} of its {len(todo)} new prompts: it ran {pace():.2f}x the "
+                               "pilot's time; the best of the prompts it reached goes on")
+                    break
+                t1 = self.clock()
+                self._confirm(pool, validation, part, queries)
+                measured, modelled = measured + self.clock() - t1, modelled + len(part) * each
+            reached = [a for a in contenders[:size] if queries in a.confirm]
+            if not reached:  # stopped before any prompt of this rung: the last rung's order stands
+                break
+            contenders = sorted(reached, key=lambda a: a.confirm[queries])
+            rung_log.append({"arms": len(contenders), "queries": queries,
+                             "losses": [a.confirm[queries] for a in contenders],
+                             "sources": [a.source for a in contenders]})
+            if stopped:
+                break
+        if stopped:
+            self._say(f"search: {stopped}")
+        return contenders, rung_log, stopped, pace()
+
     # -- the search ------------------------------------------------------------------------------
     def select(self, pool, validation, k, rng):
         validate_selection_inputs(pool, validation, k)
@@ -328,46 +377,10 @@ class PromptSearch(Selector):
         arms_in, top_q, _ = fit_confirmation(left, prefix=prefix, per_query=per_query, queries=plan.queries,
                                              max_arms=plan.arms)
         contenders = ranked[:arms_in]
-        rung_log, stopped = [], None
-        confirm_end = start + self.budget - plan.seconds["order"]
-        modelled = measured = 0.0  # the rungs run so far: seconds the pilot's rates give, seconds they took
-        rungs = rungs_for(len(contenders), top_q)
-        chunk = max(1, int(getattr(self.confirm, "batch", 8)))  # the evaluator's own batch: no padding lost
-        pace = lambda: measured / modelled if modelled > 0 else 1.0  # noqa: E731  # seconds taken / the pilot's
-        for i, (size, queries) in enumerate(rungs):
-            each = prefix + per_query * queries
-            todo = [a for a in contenders[:size] if queries not in a.confirm]
-            late = self.clock() + pace() * len(todo) * each - confirm_end
-            if rung_log and todo and late > 0:  # a slowed machine: the whole rung would end past the budget
-                stopped = (f"the confirmation stopped before rung {i + 1} of {len(rungs)} ({size} x {queries}q): "
-                           f"it ran {pace():.2f}x the pilot's time and would have ended {late:.0f} s past its "
-                           f"share of the budget; the best of {len(contenders)} at {rung_log[-1]['queries']} "
-                           "queries goes on")
-                break
-            for j in range(0, len(todo), chunk):
-                part = todo[j : j + chunk]
-                late = self.clock() + pace() * len(part) * each - confirm_end
-                if (rung_log or j) and late > 0:  # ... or would go past it within this rung
-                    stopped = (f"the confirmation stopped within rung {i + 1} of {len(rungs)} ({size} x "
-                               f"{queries}q) after {j} of its {len(todo)} new prompts: it ran {pace():.2f}x the "
-                               "pilot's time; the best of the prompts it reached goes on")
-                    break
-                t1 = self.clock()
-                self._confirm(pool, validation, part, queries)
-                measured, modelled = measured + self.clock() - t1, modelled + len(part) * each
-            reached = [a for a in contenders[:size] if queries in a.confirm]
-            if not reached:  # stopped before any prompt of this rung: the last rung's order stands
-                break
-            contenders = sorted(reached, key=lambda a: a.confirm[queries])
-            rung_log.append({"arms": len(contenders), "queries": queries,
-                             "losses": [a.confirm[queries] for a in contenders],
-                             "sources": [a.source for a in contenders]})
-            if stopped:
-                break
-        if stopped:
-            self._say(f"search: {stopped}")
+        contenders, rung_log, stopped, slower = self._halve(
+            pool, validation, contenders, rungs_for(len(contenders), top_q), prefix, per_query,
+            confirm_end=start + self.budget - plan.seconds["order"])
         top_q = rung_log[-1]["queries"]
-        slower = pace()
         winner = contenders[0]
         phases["confirm"] = self.clock() - t0
         screen_vs_confirm = None
