@@ -39,7 +39,7 @@ def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tm
     verdict = report["fidelity_verdict"]
     assert verdict["evaluator"] == "compressed" and verdict["verdict"] in ("compressed", "dense")
     assert len(verdict["checks"]) == 4
-    failed_warning = "Warning: affinity selected on compressed caches that failed their fidelity check"
+    failed_warning = "Warning: affinity selected on compressed caches that failed the fidelity verdict"
     assert (failed_warning in (out / "report.md").read_text()) == (verdict["verdict"] == "dense")
     assert report["compressor"]["source"] == "distilled"
     assert (out / "compressor" / "model.safetensors").exists()
@@ -128,7 +128,7 @@ def test_the_fidelity_check_chooses_affinitys_evaluator(data, tmp_path, tmp_cach
     assert verdict["evaluator"] == verdict["verdict"] and rows[0]["evaluator"] == verdict["verdict"]
     dense_row = [r["method"] for r in rows][:-1] == ["affinity", "affinity (dense)", "random"]
     assert dense_row == (verdict["verdict"] == "compressed")  # no second, identical dense run
-    said = "The compressed caches failed their fidelity check"
+    said = "The compressed caches are not faithful enough to the dense prompt"
     assert (said in (out / "report.md").read_text()) == (verdict["verdict"] == "dense")
     # forced: the reason says so, and the compressed-cache stage already run is not redone
     assert main(run_args(data, out, "--methods", "affinity", "random", "bridge", "--evaluator", "dense",

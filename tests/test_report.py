@@ -71,9 +71,10 @@ def sample_verdict(passed=True, evaluator=None):
                [-0.1, 0.5], "detail": "subset-loss Spearman against the dense prompt 0.400 (95% CI over subsets "
                "[+0.100, +0.600]; needs a lower end above 0)"}]
     verdict = "compressed" if passed else "dense"
-    summary = ("the compressed caches pass their fidelity check (ranks held-out subsets: yes, ...), so affinity "
-               "scores subsets on them") if passed else ("the compressed caches failed their fidelity check (ranks "
-               "held-out subsets: no, ...), so affinity scores subsets on dense caches")
+    summary = ("the compressed caches are faithful enough to the dense prompt (ranks held-out subsets: yes, ...), "
+               "so affinity scores subsets on them") if passed else (
+        "the compressed caches are not faithful enough to the dense prompt (ranks held-out subsets: no, ...), "
+        "so affinity scores subsets on dense caches")
     return {"evaluator": evaluator or verdict, "verdict": verdict, "reason": None if passed else summary,
             "summary": summary, "checks": checks}
 
@@ -163,7 +164,8 @@ def test_full_report_writes_every_file(tmp_path):
     assert ("| search (whole prompts) **(handed over)** | 0.690 [0.63, 0.74] | 14 of 16 | +0.031 [-0.010, +0.070] "
             "| 0.733 [0.66, 0.80] |") in md
     assert "| random prompts (16) | mean 0.638, range 0.600-0.675 | — | — | median 0.673, range 0.620-0.725 |" in md
-    assert "## Prompt search" in md and "Fidelity verdict: The compressed caches pass their fidelity check" in md
+    assert "## Prompt search" in md
+    assert "Fidelity verdict: The compressed caches are faithful enough to the dense prompt" in md
     assert "- Verdict check, ranks held-out subsets: yes," in md
     assert "gate" not in md.lower()
     assert leftovers(tmp_path / "out") == []
@@ -351,22 +353,22 @@ def test_check_lines_without_check_examples():
 
 @pytest.mark.parametrize(
     "passed, evaluator, first, extra",
-    [(True, None, "Fidelity verdict: The compressed caches pass their fidelity check", None),
-     (False, None, "Fidelity verdict: The compressed caches failed their fidelity check", None),
-     (False, "compressed", "Warning: affinity selected on compressed caches that failed their fidelity check",
-      "Fidelity verdict: The compressed caches failed"),
-     (True, "dense", "Fidelity verdict: The compressed caches pass", "Affinity evaluator: dense, because ")],
+    [(True, None, "Fidelity verdict: The compressed caches are faithful enough to the dense prompt", None),
+     (False, None, "Fidelity verdict: The compressed caches are not faithful enough to the dense prompt", None),
+     (False, "compressed", "Warning: affinity selected on compressed caches that failed the fidelity verdict",
+      "Fidelity verdict: The compressed caches are not faithful"),
+     (True, "dense", "Fidelity verdict: The compressed caches are faithful", "Affinity evaluator: dense, because ")],
 )
 def test_verdict_lines_say_the_verdict_passed_or_failed(passed, evaluator, first, extra):
     verdict = sample_verdict(passed, evaluator)
     if evaluator and evaluator != verdict["verdict"] and passed:
-        verdict["reason"] = "--evaluator dense was asked for; the fidelity check would have chosen compressed"
+        verdict["reason"] = "--evaluator dense was asked for; the fidelity verdict would have chosen compressed"
     lines = verdict_lines({"fidelity_verdict": verdict})
     assert lines[0].startswith(first)
     assert (extra is None and len(lines) == 1) or any(line.startswith(extra) for line in lines[1:])
     old = {k: v for k, v in verdict.items() if k != "summary"}  # a report from before the summary was kept
     said = " ".join(verdict_lines({"fidelity_verdict": old}))
-    assert ("Fidelity verdict: The compressed caches " + ("pass their" if passed else "failed their")) in said
+    assert ("Fidelity verdict: The compressed caches " + ("are faithful" if passed else "are not faithful")) in said
     assert verdict_lines({}) == []
     assert not any("gate" in line.lower() for line in lines)
 

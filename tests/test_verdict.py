@@ -33,7 +33,8 @@ def passed(verdict):
 def test_a_faithful_compressor_passes_and_says_so():
     v = fidelity_verdict(report())
     assert v["evaluator"] == "compressed" and v["reason"] is None and passed(v) == [True] * 4
-    assert v["summary"].startswith("the compressed caches pass their fidelity check (ranks held-out subsets: yes, "
+    assert v["summary"].startswith("the compressed caches are faithful enough to the dense prompt "
+                                   "(ranks held-out subsets: yes, "
                                    "subset-loss Spearman against the dense prompt 0.700 (95% CI over subsets and "
                                    "queries [+0.400, +0.850]; needs a lower end above 0); ranks about as well as the "
                                    "window: yes, ")
@@ -58,7 +59,8 @@ def test_each_failed_check_sends_affinity_to_dense_caches_with_its_numbers():
     assert "answers like the dense prompt: no, accuracy 0.500 against the dense prompt's 0.900: -0.400 (paired 95% " \
            "CI over subsets [" in v["reason"] and "; needs a lower end above -0.05)" in v["reason"]
     both = fidelity_verdict(report(rho=-0.01, ci=(-0.4, 0.35), acc_c=[0.0] * 10))
-    assert both["reason"].startswith("the compressed caches failed their fidelity check (ranks held-out subsets: no, ")
+    assert both["reason"].startswith("the compressed caches are not faithful enough to the dense prompt "
+                                     "(ranks held-out subsets: no, ")
     assert "); answers like the dense prompt: no, " in both["reason"]
     assert both["reason"].endswith("), so affinity scores subsets on dense caches")
     assert both["summary"] == both["reason"]

@@ -90,8 +90,8 @@ class RunConfig:
     methods: tuple[str, ...] = DEFAULT_METHODS
     dense_evaluator: bool = True  # also run affinity on dense caches (cost and quality beside)
     equal_cost: bool = False  # with dense_evaluator: affinity on compressed caches given the dense run's time
-    evaluator: str = "auto"  # affinity: auto (compressed unless its fidelity check fails), compressed or dense
-    max_accuracy_drop: float = 0.05  # the fidelity check: accuracy the compressed caches may lose to the dense prompt
+    evaluator: str = "auto"  # affinity: auto (compressed unless the fidelity verdict fails them), compressed or dense
+    max_accuracy_drop: float = 0.05  # the fidelity verdict: accuracy the compressed caches may lose to the dense prompt
     search_minutes: float = 2.0  # the prompt search's wall time (screen + confirm + order)
     screen: str = DEFAULT_SCREEN  # the search's screen: SEARCH_SCREENS
     screen_queries: int = 32  # label-balanced validation queries of the screen
@@ -311,13 +311,13 @@ def search_config(cfg: RunConfig, base: SelectConfig, verdict: dict, selections:
     screen = cfg.screen
     if screen == "auto":
         screen = "compressed" if verdict["evaluator"] == "compressed" else "none"
-        why = ("the compressed caches passed their fidelity check" if screen == "compressed" else
-               "no compressor" if not base.compressor else "the compressed caches failed their fidelity check")
+        why = ("the fidelity verdict passed the compressed caches" if screen == "compressed" else
+               "no compressor" if not base.compressor else "the fidelity verdict failed the compressed caches")
         say(f"search: screen {screen} ({why}; --screen chooses)")
     elif screen == "none":
         say("search: no screen, random prompts straight into the dense confirmation (at equal time no screen beat "
-            "this in the pre-registered experiment; --screen auto screens on compressed caches that pass their "
-            "fidelity check)")
+            "this in the pre-registered experiment; --screen auto screens on compressed caches that pass the "
+            "fidelity verdict)")
     seeds = {name: list(s["indices"]) for name, s in selections.items() if s.get("indices")}
     return replace(base, method="search", screen=screen, search_minutes=cfg.search_minutes,
                    screen_queries=cfg.screen_queries, confirm_queries=cfg.confirm_queries, seeds=seeds,
@@ -372,7 +372,7 @@ def choose_evaluator(cfg: RunConfig, fidelity: dict | None) -> dict:
     if verdict["verdict"] == "dense":
         failed = "; ".join(f"{c['name']}: no, {c['detail']}" for c in verdict["checks"] if c["passed"] is False)
         if cfg.evaluator == "compressed":
-            say(f"warning: the compressed caches failed their fidelity check ({failed}); selecting with them "
+            say(f"warning: the fidelity verdict failed the compressed caches ({failed}); selecting with them "
                 "because --evaluator compressed was asked for")
         else:
             say(f"warning: {verdict['reason']}")

@@ -94,7 +94,7 @@ def add_search_flags(p: argparse.ArgumentParser, defaults: Any, screens: tuple[s
                    help="the prompt search's wall time: screen, dense confirmation and order search together")
     p.add_argument("--screen", default=defaults.screen, choices=screens,
                    help="the search's cheap screen: compressed caches, dense ones, or none (random prompts straight "
-                        "into the dense confirmation)" + ("; auto: compressed unless they fail their fidelity check"
+                        "into the dense confirmation)" + ("; auto: compressed unless the fidelity verdict fails them"
                                                            if "auto" in screens else ""))
     p.add_argument("--screen-queries", type=int, default=defaults.screen_queries,
                    help="label-balanced validation queries every screened prompt is scored on")

@@ -72,7 +72,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="how affinity scores subsets: auto = on compressed caches unless they fail their fidelity "
                         "check (then dense, with the reason in the report)")
     p.add_argument("--max-accuracy-drop", type=float, default=d.max_accuracy_drop,
-                   help="fidelity check: accuracy the compressed caches may lose to the dense prompt")
+                   help="fidelity verdict: accuracy the compressed caches may lose to the dense prompt")
     p.add_argument("--check-size", type=int, default=d.check_size,
                    help="held-out validation examples every method's pick, zero-shot and the random prompts are "
                         "checked on before a prompt is handed over")

@@ -93,10 +93,10 @@ def fidelity_verdict(report: dict[str, Any], *, max_accuracy_drop: float = 0.05,
     failed = [c for c in checks if c["passed"] is False]
     reason = summary = None
     if failed:
-        reason = summary = ("the compressed caches failed their fidelity check (" + "; ".join(
+        reason = summary = ("the compressed caches are not faithful enough to the dense prompt (" + "; ".join(
             f"{c['name']}: no, {c['detail']}" for c in failed) + "), so affinity scores subsets on dense caches")
     else:
-        summary = ("the compressed caches pass their fidelity check (" + "; ".join(
+        summary = ("the compressed caches are faithful enough to the dense prompt (" + "; ".join(
             f"{c['name']}: {'yes' if c['passed'] else 'not run'}, {c['detail']}" for c in checks)
             + "), so affinity scores subsets on them")
     return {"evaluator": "dense" if failed else "compressed", "reason": reason, "summary": summary, "checks": checks,

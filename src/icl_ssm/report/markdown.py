@@ -79,13 +79,13 @@ def verdict_lines(report: dict) -> list[str]:
     summary = v.get("summary")
     if not summary:  # a report from before the summary was kept
         failed = [c for c in v.get("checks") or [] if c.get("passed") is False]
-        summary = ("the compressed caches failed their fidelity check (" + "; ".join(
+        summary = ("the compressed caches are not faithful enough to the dense prompt (" + "; ".join(
             f"{c.get('name')}: no, {c.get('detail')}" for c in failed) + ")") if failed or verdict == "dense" else \
-            "the compressed caches pass their fidelity check"
+            "the compressed caches are faithful enough to the dense prompt"
     summary = summary.rstrip(".")
     lines = [f"Fidelity verdict: {summary[:1].upper() + summary[1:]}."]
     if evaluator == "compressed" and verdict == "dense":
-        lines.insert(0, "Warning: affinity selected on compressed caches that failed their fidelity check "
+        lines.insert(0, "Warning: affinity selected on compressed caches that failed the fidelity verdict "
                         f"({v.get('reason') or '--evaluator compressed was asked for'}).")
     elif evaluator != verdict or str(v.get("reason") or "").startswith("--evaluator"):
         lines.append(f"Affinity evaluator: {evaluator}, because {v.get('reason') or 'it was asked for'}.")
