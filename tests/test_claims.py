@@ -143,6 +143,16 @@ def test_headroom_is_the_share_of_the_median_to_oracle_gap_in_correct_answers():
     assert claims.headroom({"plain": {}}) is None  # a record without answers
 
 
+def test_gains_over_the_median_prompt_average_the_rotten_tomatoes_and_cr_runs_only():
+    gain = lambda task, seed, g: {"task": task, "seed": seed, "plain": {"vs_median_prompt": {"mean": g}}}  # noqa: E731
+    runs = [gain("cr", 5, 0.2), gain("cr", 6, 0.1), gain("rotten_tomatoes", 5, 0.03), gain("coin_flip", 5, -0.5),
+            {"task": "cr", "seed": 7, "plain": {}}]  # coin_flip and a run without the paired difference left out
+    g = claims.gains_over_median_prompt(runs)
+    assert g == {"mean": pytest.approx(0.11), "tasks": {"cr": pytest.approx(0.15), "rotten_tomatoes": 0.03},
+                 "low": 0.03, "low_run": "rotten_tomatoes seed 5", "high": 0.2}
+    assert claims.gains_over_median_prompt(runs[3:]) is None
+
+
 def test_p_values_print_two_decimals_or_one_significant_digit():
     assert claims.p_text(0.0641) == "0.06"
     assert claims.p_text(1.86e-4) == "2e-4"

@@ -49,6 +49,7 @@ from claim_tables.ssm_reads import ssm_reads
 from claim_tables.synthetic import from_k, synthetic
 from claim_tables.trust import (
     budget_ratio,
+    gains_over_median_prompt,
     headroom,
     placed,
     rate,
@@ -63,6 +64,7 @@ from claim_tables.trust import (
 __all__ = ["RESULTS", "PROVENANCE", "ClaimError", "Records", "validate_record", "TABLES", "render", "check", "main",
            # the renderers' helpers that tests/test_claims.py checks, as they were before tools/claim_tables/
            "placed", "headroom", "trust_counts", "verdict", "budget_ratio", "retrieval_tie", "rate",
+           "gains_over_median_prompt",
            "p_text", "orders_averaged", "one_order", "search_gains",
            "exact_share", "from_k"]
 

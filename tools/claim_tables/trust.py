@@ -181,14 +181,33 @@ def trust_runs(records: Records) -> str:
     if not rows:
         return "No run of the pre-registered evaluation is stored yet."
     c = trust_counts([r for _, r in runs])
+    gain = gains_over_median_prompt([r for _, r in runs])
     return (table(["task", "seed", "handed over", "test acc", "at or above plain random prompts", "median random",
-                   "vs median random [95% CI, test examples]", "at or above balanced random",
+                   "vs the median prompt (9th of 16) [95% CI, test examples]", "at or above balanced random",
                    "best retrieval (at or above it?)", "zero-shot", "search s / budget", "record"], rows)
             + f"\n\n{stored_runs(c['runs'])}: at or above 12 of the 16 plain random prompts in "
             f"{c['at_or_above_three_quarters']} (target: 12 of 15); at or above the best retrieval in "
             f"{c['at_or_above_retrieval']} (target: 10 of 15); shown better than the median plain random prompt on "
             f"rotten_tomatoes and cr in {c['shown_better_rt_cr']} of {c['runs_rt_cr']} (target: 7 of 10). Places are "
-            "counted in correct test answers, a tie counting as at.")
+            "counted in correct test answers, a tie counting as at."
+            + (f" On rotten_tomatoes and cr the handed-over prompt scored on average {100 * gain['mean']:+.1f} points "
+               "above the median prompt (" + ", ".join(f"{t} {100 * m:+.1f}" for t, m in gain["tasks"].items())
+               + f"; from {100 * gain['low']:+.1f} at {gain['low_run']} to {100 * gain['high']:+.1f})."
+               if gain else ""))
+
+
+def gains_over_median_prompt(runs: list[dict]) -> dict | None:
+    """The handed-over prompt's paired gain over the median plain random prompt on rotten_tomatoes and cr:
+    ``{"mean", "tasks": {task: mean}, "low", "low_run", "high"}`` (``None`` without such a run)."""
+    shown = sorted(((r["task"], r["seed"], r["plain"]["vs_median_prompt"]["mean"]) for r in runs
+                    if r.get("task") in ("rotten_tomatoes", "cr") and (r.get("plain") or {}).get("vs_median_prompt")),
+                   key=lambda x: (x[2], x[0], x[1]))
+    if not shown:
+        return None
+    tasks = sorted({t for t, _, _ in shown})
+    return {"mean": statistics.fmean(g for _, _, g in shown),
+            "tasks": {t: statistics.fmean(g for u, _, g in shown if u == t) for t in tasks},
+            "low": shown[0][2], "low_run": f"{shown[0][0]} seed {shown[0][1]}", "high": shown[-1][2]}
 
 
 def trust_balanced(records: Records) -> str:
@@ -212,7 +231,8 @@ def trust_balanced(records: Records) -> str:
         return "No run of the pre-registered evaluation is stored yet."
     c = trust_counts([r for _, r in runs])
     middle = f"{100 * statistics.median(shares):.0f}%" if shares else "-"
-    return (table(["task", "seed", "test acc", "median balanced random", "vs median balanced [95% CI, test examples]",
+    return (table(["task", "seed", "test acc", "median balanced random",
+                   "vs the median balanced prompt (9th of 16) [95% CI, test examples]",
                    "shown better?", "best plain random (oracle)", "share of the median-to-oracle gap captured",
                    "record"], rows)
             + f"\n\nAt or above 12 of the 16 label-balanced random prompts in "
