@@ -153,6 +153,13 @@ def test_gains_over_the_median_prompt_average_the_rotten_tomatoes_and_cr_runs_on
     assert claims.gains_over_median_prompt(runs[3:]) is None
 
 
+def test_a_run_is_shown_worse_only_when_its_paired_interval_lies_below_zero():
+    run = lambda seed, lo, hi: {"task": "coin_flip", "seed": seed,  # noqa: E731
+                                "plain": {"vs_median_prompt": {"mean": (lo + hi) / 2, "ci95": [lo, hi]}}}
+    runs = [run(5, -0.19, -0.01), run(6, -0.05, 0.0), run(7, 0.01, 0.2), {"task": "cr", "seed": 5, "plain": {}}]
+    assert claims.shown_worse(runs) == [("coin_flip", 5, pytest.approx(-0.1))]  # an upper end of 0 is not below
+
+
 def test_p_values_print_two_decimals_or_one_significant_digit():
     assert claims.p_text(0.0641) == "0.06"
     assert claims.p_text(1.86e-4) == "2e-4"

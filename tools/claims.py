@@ -54,6 +54,7 @@ from claim_tables.trust import (
     placed,
     rate,
     retrieval_tie,
+    shown_worse,
     trust_balanced,
     trust_counts,
     trust_runs,
@@ -64,7 +65,7 @@ from claim_tables.trust import (
 __all__ = ["RESULTS", "PROVENANCE", "ClaimError", "Records", "validate_record", "TABLES", "render", "check", "main",
            # the renderers' helpers that tests/test_claims.py checks, as they were before tools/claim_tables/
            "placed", "headroom", "trust_counts", "verdict", "budget_ratio", "retrieval_tie", "rate",
-           "gains_over_median_prompt",
+           "gains_over_median_prompt", "shown_worse",
            "p_text", "orders_averaged", "one_order", "search_gains",
            "exact_share", "from_k"]
 

@@ -182,6 +182,7 @@ def trust_runs(records: Records) -> str:
         return "No run of the pre-registered evaluation is stored yet."
     c = trust_counts([r for _, r in runs])
     gain = gains_over_median_prompt([r for _, r in runs])
+    worse = shown_worse([r for _, r in runs])
     return (table(["task", "seed", "handed over", "test acc", "at or above plain random prompts", "median random",
                    "vs the median prompt (9th of 16) [95% CI, test examples]", "at or above balanced random",
                    "best retrieval (at or above it?)", "zero-shot", "search s / budget", "record"], rows)
@@ -193,7 +194,17 @@ def trust_runs(records: Records) -> str:
             + (f" On rotten_tomatoes and cr the handed-over prompt scored on average {100 * gain['mean']:+.1f} points "
                "above the median prompt (" + ", ".join(f"{t} {100 * m:+.1f}" for t, m in gain["tasks"].items())
                + f"; from {100 * gain['low']:+.1f} at {gain['low_run']} to {100 * gain['high']:+.1f})."
-               if gain else ""))
+               if gain else "")
+            + f" Shown worse than the median prompt (the interval below 0) in {len(worse)} of {c['runs']}"
+            + (": " + ", ".join(f"{t} seed {seed} ({100 * g:+.1f} points)" for t, seed, g in worse) if worse else "")
+            + ".")
+
+
+def shown_worse(runs: list[dict]) -> list[tuple[str, int, float]]:
+    """``(task, seed, paired gain)`` of the runs whose handed-over prompt is shown worse than the median plain
+    random prompt (the paired interval's upper end below 0)."""
+    return [(r["task"], r["seed"], vs["mean"]) for r in runs
+            if (vs := (r.get("plain") or {}).get("vs_median_prompt") or {}).get("ci95") and vs["ci95"][1] < 0]
 
 
 def gains_over_median_prompt(runs: list[dict]) -> dict | None:
@@ -240,8 +251,8 @@ def trust_balanced(records: Records) -> str:
             f"median on rotten_tomatoes and cr in {c['shown_better_balanced_rt_cr']} of {c['runs_rt_cr']}. "
             f"The handed-over prompt captured a median "
             f"{middle} of the gap between the median plain random prompt and the best one (over {len(shares)} runs; "
-            "above 100% where it beat every plain random prompt). Shares are counted in correct test answers; a gap "
-            "of 0 has no share.")
+            "above 100% where it beat every plain random prompt, below 0 where it fell below their median). Shares are "
+            "counted in correct test answers; a gap of 0 has no share.")
 
 
 def rate(x: float) -> str:
