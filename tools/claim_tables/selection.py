@@ -184,6 +184,15 @@ def selection_quality(records: Records) -> str:
                       "#choosing-the-order-on-the-validation-queries---order-search-k--50)",
              "order-search-k20-rotten_tomatoes.json", "order-search-k50-rotten_tomatoes.json")])
 
+    ev = records("order-evaluators-k20-rotten_tomatoes.json")
+    rows.append([
+        "which evaluator chooses the order: the compressed caches against the dense prompt, k = 20",
+        "`python research/order_evaluators.py docs/results/order-search-k20-rotten_tomatoes.json OUT --compressor G "
+        "--control C --pool-size 100`", "CPU, 2 threads", order_evaluators(ev),
+        "—",
+        cite(records, "[prompt order](docs/research/prompt-order.md#which-evaluator-should-choose-the-order)",
+             "order-evaluators-k20-rotten_tomatoes.json")])
+
     rows.append([
         "`cr`, k = 20, orders averaged (3 seeds)", "`bench select-quality --tasks cr ...`", "CPU, 1 thread",
         f"{against_baselines(orders_averaged(cr, 'sq'))}; {test_size(cr, records)}",
@@ -274,3 +283,20 @@ def select_cost(records: Records) -> str:
             f"{g128['flops_compressed'] / 1e9:,.0f} against {g128['flops_dense'] / 1e9:,.0f} dense GFLOP per subset, "
             f"{g128['flops_dense'] / g128['flops_compressed']:.1f}x fewer, attention counted "
             f"({records.link('ssm-input-rotten_tomatoes-k50-96x64.json')}).")
+
+
+def order_evaluators(ev: dict) -> str:
+    """The ``research/order_evaluators.py`` summary: each evaluator's chosen order on test, paired with the dense
+    choice, and its agreement with the dense ranking of the orders."""
+    rows, sm = ev["rows"], ev["summary"]
+    parts = [f"the order each chooses of {len(rows[0]['test_accuracy'])} on {ev['queries']} validation queries, "
+             f"over the mean random order: dense {100 * sm['dense']['minus_mean_random_order']:+.1f}"]
+    for name, label in (("compressed", "compressed (G)"), ("control", "control")):
+        diff = [r["test_accuracy"][r["chosen"][name]] - r["test_accuracy"][r["chosen"]["dense"]] for r in rows]
+        parts.append(f"{label} {100 * sm[name]['minus_mean_random_order']:+.1f} ({100 * statistics.fmean(diff):+.1f} "
+                     f"against the dense choice: {sum(d > 1e-9 for d in diff)} sets better, "
+                     f"{sum(d < -1e-9 for d in diff)} worse; the dense choice in {sm[name]['same_choice_as_dense']} "
+                     f"of {sm['sets']}; mean Spearman with the dense losses over the orders "
+                     f"{sm[name]['mean_spearman_with_dense']:.2f})")
+    return "; ".join(parts) + (f"; {sm['sets']} sets (the 5 methods x 3 seeds of the order-search record), test "
+                               "accuracy on 150 examples, one order each")
