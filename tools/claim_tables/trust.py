@@ -121,6 +121,7 @@ def trust_evaluation(records: Records) -> list[str]:
     timed = [x for x in ratios if x is not None]
     worst = max(timed) if timed else None
     ties = sum(retrieval_tie(r) for r in runs)
+    worse = shown_worse(runs)
     stored = f"{n} of {PLANNED_RUNS} runs" if n < PLANNED_RUNS else f"all {n} runs"
     left, left_rt_cr = max(0, PLANNED_RUNS - n), max(0, PLANNED_RT_CR - rt_cr)
     if worst is not None and worst > BUDGET_FACTOR:
@@ -136,7 +137,10 @@ def trust_evaluation(records: Records) -> list[str]:
         f"({verdict(c['at_or_above_retrieval'], TARGETS['at_or_above_retrieval'], left)}"
         + (f"; {ties} of them by an exact tie" if ties else "") + "); "
         f"shown better than the median plain random prompt on rotten_tomatoes and cr in {c['shown_better_rt_cr']} "
-        f"of {rt_cr} ({verdict(c['shown_better_rt_cr'], TARGETS['shown_better_rt_cr'], left_rt_cr)}). "
+        f"of {rt_cr} ({verdict(c['shown_better_rt_cr'], TARGETS['shown_better_rt_cr'], left_rt_cr)}); "
+        f"shown worse than it in {len(worse)}"
+        + (" (" + ", ".join(f"{t} seed {seed}, {100 * g:+.1f} points" for t, seed, g in worse) + ")" if worse else "")
+        + ". "
         f"Against the 16 label-balanced random prompts: at or above 12 of them in "
         f"{c['at_or_above_three_quarters_balanced']} of {c['runs_balanced']}, shown better than their median on "
         f"rotten_tomatoes and cr in "
