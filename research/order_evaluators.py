@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = load_model(RunConfig().model)
     compressors = {"compressed": load_compressor(args.compressor, model.config),
                    "control": load_compressor(args.control, model.config)}
-    rows = []
+    rows, verify = [], args.verify  # the first selection's check stands for all: same model, same split rule
     for res in record["results"]:
         task = get_task(res["task"])
         builder = PromptBuilder.for_model(model, tokenizer, task)
@@ -81,13 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         validation = splits.validation[:queries]
         orders = [c["indices"] for c in res["candidates"]]
         stored = [c["validation_loss"] for c in res["candidates"]]
-        if args.verify > 0:
+        if verify > 0:
             dense = CacheEvaluator(model, builder, "dense", batch=2, query_batch=32, pack=True)
-            again = dense.evaluate(splits.pool, validation, orders[: args.verify]).losses
-            if np.max(np.abs(np.asarray(again) - np.asarray(stored[: args.verify]))) > 1e-3:
+            again = dense.evaluate(splits.pool, validation, orders[:verify]).losses
+            if np.max(np.abs(np.asarray(again) - np.asarray(stored[:verify]))) > 1e-3:
                 raise SystemExit(f"{res['task']} seed {res['seed']} {res['method']}: dense losses {list(again)} "
-                                 f"differ from the record's {stored[: args.verify]}")
-            args.verify = 0  # verified once: the splits and the model are the record's
+                                 f"differ from the record's {stored[:verify]}")
+            verify = 0
         row = {"task": res["task"], "seed": res["seed"], "method": res["method"],
                "test_accuracy": [c["test_accuracy"] for c in res["candidates"]],
                "losses": {"dense": stored}, "chosen": {"dense": int(np.argmin(stored))},

@@ -39,7 +39,7 @@ from icl_ssm.data.tasks import get_task
 from icl_ssm.distill.config import DistillConfig
 from icl_ssm.distill.run import train_compressor
 from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
-from icl_ssm.evaluate.verdict import VERDICT_EVALUATORS, fidelity_verdict
+from icl_ssm.evaluate.verdict import VERDICT_EVALUATORS, failed_checks, fidelity_verdict
 from icl_ssm.lm.models import DEFAULT_MODEL, load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.base import SELECTORS
@@ -370,10 +370,9 @@ def choose_evaluator(cfg: RunConfig, fidelity: dict | None) -> dict:
             f"; the fidelity verdict would have chosen {verdict['verdict']}"
             if verdict["verdict"] != cfg.evaluator else "")
     if verdict["verdict"] == "dense":
-        failed = "; ".join(f"{c['name']}: no, {c['detail']}" for c in verdict["checks"] if c["passed"] is False)
         if cfg.evaluator == "compressed":
-            say(f"warning: the fidelity verdict failed the compressed caches ({failed}); selecting with them "
-                "because --evaluator compressed was asked for")
+            say(f"warning: the fidelity verdict failed the compressed caches ({failed_checks(verdict['checks'])}); "
+                "selecting with them because --evaluator compressed was asked for")
         else:
             say(f"warning: {verdict['reason']}")
     return verdict

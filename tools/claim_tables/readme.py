@@ -13,7 +13,7 @@ import statistics
 from .base import Records, ci, mean_sd, pct, sd, table
 from .fidelity import k20_paths, k20_seeds
 from .selection import METHODS, orders_averaged, test_size
-from .trust import EQUAL_TIME, PLANNED_RUNS, SCREEN_NAMES, equal_time, shown_worse, trust_counts
+from .trust import EQUAL_TIME, PLANNED_RUNS, SCREEN_NAMES, equal_time, named, shown_worse, trust_counts
 
 TASK_NAMES = {"rotten_tomatoes": "Rotten Tomatoes"}
 
@@ -108,9 +108,7 @@ def readme_results(records: Records) -> str:
             f"at or above 12 of its 16 plain random prompts in {c['at_or_above_three_quarters']} of {c['runs']} runs "
             f"(at or above 8 of them in {c['at_or_above_median']}); at or above the best retrieval prompt in "
             f"{c['at_or_above_retrieval']}; shown better than the median random prompt in {c['shown_better_rt_cr']} "
-            f"of the {c['runs_rt_cr']} Rotten Tomatoes and cr runs; shown worse than it in {len(worse)}"
-            + (" (" + ", ".join(f"{t} seed {seed}, {100 * g:+.1f} points" for t, seed, g in worse) + ")"
-               if worse else ""),
+            f"of the {c['runs_rt_cr']} Rotten Tomatoes and cr runs; shown worse than it in {len(worse)}{named(worse)}",
             "16 plain random prompts, bm25, topk and per-query bm25 per run, on the same test examples",
             (f"{c['runs']} of {PLANNED_RUNS} runs finished" if c["runs"] < PLANNED_RUNS else f"{c['runs']} runs")
             + f" ({', '.join(tasks)}); 400 test examples each; "

@@ -138,9 +138,7 @@ def trust_evaluation(records: Records) -> list[str]:
         + (f"; {ties} of them by an exact tie" if ties else "") + "); "
         f"shown better than the median plain random prompt on rotten_tomatoes and cr in {c['shown_better_rt_cr']} "
         f"of {rt_cr} ({verdict(c['shown_better_rt_cr'], TARGETS['shown_better_rt_cr'], left_rt_cr)}); "
-        f"shown worse than it in {len(worse)}"
-        + (" (" + ", ".join(f"{t} seed {seed}, {100 * g:+.1f} points" for t, seed, g in worse) + ")" if worse else "")
-        + ". "
+        f"shown worse than it in {len(worse)}{named(worse)}. "
         f"Against the 16 label-balanced random prompts: at or above 12 of them in "
         f"{c['at_or_above_three_quarters_balanced']} of {c['runs_balanced']}, shown better than their median on "
         f"rotten_tomatoes and cr in "
@@ -184,9 +182,8 @@ def trust_runs(records: Records) -> str:
                      f"[{name}](docs/results/trust-search/{name})"])
     if not rows:
         return "No run of the pre-registered evaluation is stored yet."
-    c = trust_counts([r for _, r in runs])
-    gain = gains_over_median_prompt([r for _, r in runs])
-    worse = shown_worse([r for _, r in runs])
+    stored = [r for _, r in runs]
+    c, gain, worse = trust_counts(stored), gains_over_median_prompt(stored), shown_worse(stored)
     return (table(["task", "seed", "handed over", "test acc", "at or above plain random prompts", "median random",
                    "vs the median prompt (9th of 16) [95% CI, test examples]", "at or above balanced random",
                    "best retrieval (at or above it?)", "zero-shot", "search s / budget", "record"], rows)
@@ -200,8 +197,12 @@ def trust_runs(records: Records) -> str:
                + f"; from {100 * gain['low']:+.1f} at {gain['low_run']} to {100 * gain['high']:+.1f})."
                if gain else "")
             + f" Shown worse than the median prompt (the interval below 0) in {len(worse)} of {c['runs']}"
-            + (": " + ", ".join(f"{t} seed {seed} ({100 * g:+.1f} points)" for t, seed, g in worse) if worse else "")
-            + ".")
+            f"{named(worse)}.")
+
+
+def named(worse: list[tuple[str, int, float]]) -> str:
+    """`` (coin_flip seed 9, -10.2 points)`` for the runs :func:`shown_worse` returns; empty for none."""
+    return " (" + ", ".join(f"{t} seed {seed}, {100 * g:+.1f} points" for t, seed, g in worse) + ")" if worse else ""
 
 
 def shown_worse(runs: list[dict]) -> list[tuple[str, int, float]]:

@@ -73,6 +73,15 @@ def paired_accuracy_gap(per_subset: dict[str, Any], a: str, b: str, *, resamples
     return paired_bootstrap(np.array([x - y for x, y in pairs]), resamples=resamples, seed=seed)  # (S,)
 
 
+FAITHFUL = "the compressed caches are faithful enough to the dense prompt"
+NOT_FAITHFUL = "the compressed caches are not faithful enough to the dense prompt"
+
+
+def failed_checks(checks: list[dict[str, Any]]) -> str:
+    """``name: no, detail; ...`` for each failed check (``passed is False``) of a verdict."""
+    return "; ".join(f"{c.get('name')}: no, {c.get('detail')}" for c in checks if c.get("passed") is False)
+
+
 def fidelity_verdict(report: dict[str, Any], *, max_accuracy_drop: float = 0.05, rank_margin: float = RANK_MARGIN,
                      resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
     """``{"evaluator": "compressed" | "dense", "reason": str | None, "summary": str, "checks": [...],
@@ -93,10 +102,9 @@ def fidelity_verdict(report: dict[str, Any], *, max_accuracy_drop: float = 0.05,
     failed = [c for c in checks if c["passed"] is False]
     reason = summary = None
     if failed:
-        reason = summary = ("the compressed caches are not faithful enough to the dense prompt (" + "; ".join(
-            f"{c['name']}: no, {c['detail']}" for c in failed) + "), so affinity scores subsets on dense caches")
+        reason = summary = f"{NOT_FAITHFUL} ({failed_checks(checks)}), so affinity scores subsets on dense caches"
     else:
-        summary = ("the compressed caches are faithful enough to the dense prompt (" + "; ".join(
+        summary = (f"{FAITHFUL} (" + "; ".join(
             f"{c['name']}: {'yes' if c['passed'] else 'not run'}, {c['detail']}" for c in checks)
             + "), so affinity scores subsets on them")
     return {"evaluator": "dense" if failed else "compressed", "reason": reason, "summary": summary, "checks": checks,

@@ -8,6 +8,7 @@ import re
 import statistics
 from typing import Any
 
+from icl_ssm.evaluate.verdict import FAITHFUL, NOT_FAITHFUL, failed_checks
 from icl_ssm.report.values import (
     DASH,
     NOT_COUNTED,
@@ -78,10 +79,8 @@ def verdict_lines(report: dict) -> list[str]:
     evaluator, verdict = v.get("evaluator"), v.get("verdict", v.get("evaluator"))
     summary = v.get("summary")
     if not summary:  # a report from before the summary was kept
-        failed = [c for c in v.get("checks") or [] if c.get("passed") is False]
-        summary = ("the compressed caches are not faithful enough to the dense prompt (" + "; ".join(
-            f"{c.get('name')}: no, {c.get('detail')}" for c in failed) + ")") if failed or verdict == "dense" else \
-            "the compressed caches are faithful enough to the dense prompt"
+        failed = failed_checks(v.get("checks") or [])
+        summary = f"{NOT_FAITHFUL} ({failed})" if failed or verdict == "dense" else FAITHFUL
     summary = summary.rstrip(".")
     lines = [f"Fidelity verdict: {summary[:1].upper() + summary[1:]}."]
     if evaluator == "compressed" and verdict == "dense":
