@@ -20,6 +20,7 @@ LAYERS = (
     ("icl_ssm.compress",),
     ("icl_ssm.distill",),
     ("icl_ssm.evaluate",),
+    ("icl_ssm.calibrate",),  # a per-label bias on label scores
     ("icl_ssm.select",),
     ("icl_ssm.apply",),  # a selection answered with and exported
     ("icl_ssm.report", "icl_ssm.bench", "icl_ssm.synthetic"),

@@ -4,10 +4,13 @@ select-order, headroom): their flags, over the modules of :mod:`icl_ssm.bench.se
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
 from icl_ssm import atomic
+from icl_ssm.bench.calibration import METHODS as CALIBRATIONS
+from icl_ssm.bench.calibration import CalibrationHeadroomConfig, calibration_headroom, calibration_markdown
 from icl_ssm.bench.estimators import estimators, estimators_markdown, estimators_sim
 from icl_ssm.bench.headroom import headroom, headroom_markdown
 from icl_ssm.bench.scale import ScaleConfig, run_scale
@@ -34,6 +37,29 @@ def _run(fn, markdown):
         return 0
 
     return go
+
+
+def _run_headroom(args: argparse.Namespace) -> int:
+    if args.calibrations is None:
+        args.sets = args.sets_given or 30
+        return _run(headroom, headroom_markdown)(args)
+    from icl_ssm.bench.selection import log
+    from icl_ssm.lm.models import load_model
+
+    cfg = CalibrationHeadroomConfig(tasks=tuple(args.tasks), k=args.k, prompts=args.sets_given or 12,
+                                    pool_size=args.pool_size, validation=args.validation, test_size=args.test_size,
+                                    seed=args.seed, methods=tuple(args.calibrations), imbalance=args.imbalance,
+                                    query_batch=args.query_batch)
+    cfg.validate()
+    if args.json_out:
+        atomic.prepare_dir(Path(args.json_out).parent)
+    model, tokenizer = load_model(args.model)
+    result = calibration_headroom(cfg, model, tokenizer, log=log)
+    result["provenance"] = provenance(" ".join(["icl-ssm", *(getattr(args, "argv", None) or ["bench", "headroom"])]))
+    if args.json_out:
+        atomic.write_json(args.json_out, result)
+    print(calibration_markdown(result))
+    return 0
 
 
 def _k(value: str) -> int | str:
@@ -148,14 +174,22 @@ def add_kinds(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--tasks", nargs="+", default=["rotten_tomatoes", "cr", "coin_flip", "modular_addition",
                                                   "edge_existence"])
     p.add_argument("--k", type=int, default=20)
-    p.add_argument("--sets", type=int, default=30, help="random subsets of the pool, each scored on the test set")
+    p.add_argument("--sets", dest="sets_given", type=int, default=None,
+                   help="random subsets of the pool, each scored on the test set (default 30)")
     p.add_argument("--pool-size", type=int, default=100)
     p.add_argument("--test-size", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--query-batch", type=int, default=32)
+    p.add_argument("--calibrations", nargs="+", choices=CALIBRATIONS, default=None,
+                   help="measure the headroom left after each calibration instead: every prompt scored once on "
+                        "--validation inputs and the test examples, each calibration applied to its label scores "
+                        "(spread, validation-test Spearman, split-half on validation); with it --sets defaults to 12")
+    p.add_argument("--validation", type=int, default=64, help="with --calibrations: validation inputs per prompt")
+    p.add_argument("--imbalance", type=float, default=None,
+                   help="with --calibrations: test examples drawn so the first label holds this share")
     p.add_argument("--json-out", help="also write the full result as JSON here")
-    p.set_defaults(func=_run(headroom, headroom_markdown))
+    p.set_defaults(func=_run_headroom)
 
     p = kinds.add_parser("estimators", parents=[common], formatter_class=fmt,
                          help="selected-set test accuracy against subsets: mean, ridge, adaptive")

@@ -4,6 +4,7 @@ many prefixes (subsets) against many queries."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 
@@ -40,7 +41,9 @@ class PrefixEval:
     ``pred``: (R, Q) long, the predicted label index (-1 for generative tasks);
     ``prompt_length``: (R,) long, real tokens of each row's prompt; ``cache_length``: cache
     slots per row; ``logits``: (R, Q, V) float32 answer-position logits, or None once dropped;
-    ``cost``: FLOPs and seconds to build the caches and answer the queries (all rows).
+    ``cost``: FLOPs and seconds to build the caches and answer the queries (all rows);
+    ``scores``: (R, Q, L) float32 every label's verbaliser log-likelihood (classification; None
+    for a generative task), what a calibration (:mod:`icl_ssm.calibrate`) reads.
     """
 
     loss: Tensor
@@ -50,6 +53,7 @@ class PrefixEval:
     cache_length: int
     logits: Tensor | None = None
     cost: Cost = field(default_factory=Cost)
+    scores: Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -64,7 +68,8 @@ class PrefixEval:
         return self.correct.mean(1)
 
     def without_logits(self) -> PrefixEval:
-        return PrefixEval(self.loss, self.correct, self.pred, self.prompt_length, self.cache_length, None, self.cost)
+        return PrefixEval(self.loss, self.correct, self.pred, self.prompt_length, self.cache_length, None, self.cost,
+                          self.scores)
 
     @staticmethod
     def cat(evals: Sequence[PrefixEval]) -> PrefixEval:
@@ -83,6 +88,7 @@ class PrefixEval:
             cache_length=max(e.cache_length for e in evals),
             logits=None if any(z is None for z in logits) else torch.cat(logits),
             cost=total,
+            scores=None if any(e.scores is None for e in evals) else torch.cat([e.scores for e in evals]),
         )
 
 
@@ -247,6 +253,7 @@ def evaluate_prefixes(
     keep_logits: bool = True,
     max_new_tokens: int = 32,
     pack: bool = False,
+    labelled: bool = True,
 ) -> PrefixEval:
     """Answer every query after every prefix row: ``R = prefixes.batch_size`` rows, ``Q`` queries.
 
@@ -260,8 +267,10 @@ def evaluate_prefixes(
 
     Pairs are processed ``query_batch`` at a time, so memory is that many copies of a row's
     cache; ``pack=True`` reads the answer logits with :func:`answer_logits_packed` instead (the
-    pairs of a row as segments of one sequence: no copies, no padding). Returns a
-    :class:`PrefixEval` (its ``cost`` is left for the caller to fill).
+    pairs of a row as segments of one sequence: no copies, no padding). ``labelled=False``
+    (classification): the queries have no labels; only ``scores`` and ``pred`` are read, ``loss``
+    and ``correct`` are NaN. Returns a :class:`PrefixEval` (its ``cost`` is left for the caller to
+    fill).
     """
     if loss not in LOSSES:
         raise ValueError(f"loss={loss!r}; accepted: {', '.join(LOSSES)}")
@@ -280,7 +289,7 @@ def evaluate_prefixes(
     pairs = [(r, q) for r in range(R) for q in range(Q)]  # pair r * Q + q
     if classification:
         labels = builder.label_ids()
-        gold = torch.tensor([builder.label_index(q) for q in queries])  # (Q,)
+        gold = torch.tensor([builder.label_index(q) if labelled else 0 for q in queries])  # (Q,)
         single = all(len(ids) == 1 for ids in labels)
         label_tokens = torch.tensor([ids[0] for ids in labels]) if single else None
     logits, scores, losses, correct = [], [], [], []
@@ -315,10 +324,13 @@ def evaluate_prefixes(
             per_query = -s.log_softmax(-1).gather(-1, g[..., None])[..., 0]
         pred = s.argmax(-1)  # (R, Q)
         hits = (pred == g).float()
+        if not labelled:
+            per_query, hits = torch.full_like(per_query, math.nan), torch.full_like(hits, math.nan)
     else:
         per_query = torch.cat(losses).view(R, Q)
         hits = torch.cat(correct).float().view(R, Q)
         pred = torch.full((R, Q), -1, dtype=torch.long)
+        s = None
     return PrefixEval(
         loss=per_query.float(),
         correct=hits,
@@ -326,4 +338,5 @@ def evaluate_prefixes(
         prompt_length=prefixes.prompt_length.cpu(),
         cache_length=prefixes.length,
         logits=torch.cat(logits).view(R, Q, -1) if keep_logits else None,
+        scores=None if s is None else s.float(),
     )

@@ -1,4 +1,5 @@
-"""Scoring a chosen prompt on held-out examples: accuracy, the answers given, and their cost."""
+"""Scoring a chosen prompt on held-out examples: accuracy, the answers given, and their cost; its
+label scores, and a calibration estimated for it (:func:`calibrate_prompt`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+import numpy as np
+
+from icl_ssm.calibrate import Calibration, estimate
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.cost import measure
 from icl_ssm.data.tasks import Example
@@ -30,7 +34,9 @@ def evaluate_selection(
 ) -> dict[str, Any]:
     """Accuracy and mean loss of the prompt made of ``demos`` on ``test``, with any evaluator's
     cache (``"dense"`` by default: the real prompt). ``per_query`` adds every test query's
-    ``correct`` (0/1) and ``pred`` (the predicted label index; -1 for generative tasks).
+    ``correct`` (0/1), ``pred`` (the predicted label index; -1 for generative tasks) and, for a
+    classification task, ``scores`` (``(Q, L)`` as lists: every label's verbaliser
+    log-likelihood, what a calibration reads).
 
     One prefix serves every test query, so the queries are packed ``query_batch`` to a sequence
     after it (:func:`icl_ssm.evaluate.answers.answer_logits_packed`) instead of each getting a copy of
@@ -49,4 +55,33 @@ def evaluate_selection(
     if per_query:
         out["correct"] = result.correct[0].tolist()
         out["pred"] = result.pred[0].tolist()
+        if result.scores is not None:
+            out["scores"] = result.scores[0].tolist()
     return out
+
+
+def prompt_scores(model: PreTrainedModel, builder: PromptBuilder, demos: Sequence[Example], inputs: Sequence[Example],
+                  *, query_batch: int = 32) -> torch.Tensor:
+    """``(n, L)`` every label's verbaliser log-likelihood for each input after the dense prompt of
+    ``demos`` (classification). Inputs need no labels."""
+    builder._require_classification("prompt_scores")
+    if not inputs:
+        return torch.zeros((0, len(builder.task.labels)))
+    ids, mask = pad_right([builder.build_prefix(list(demos))])
+    device = model.device
+    ev = CacheEvaluator(model, builder, "dense", None, batch=1, query_batch=query_batch)
+    with torch.no_grad():
+        result = evaluate_prefixes(model, builder, ev.build(ids.to(device), mask.to(device)), inputs,
+                                   query_batch=query_batch, keep_logits=False, pack=True, labelled=False)
+    return result.scores[0]
+
+
+def calibrate_prompt(model: PreTrainedModel, builder: PromptBuilder, demos: Sequence[Example], method: str,
+                     examples: Sequence[Example], *, query_batch: int = 32, seed: int = 0) -> Calibration:
+    """The calibration ``method`` (:mod:`icl_ssm.calibrate`) of the dense prompt of ``demos``, estimated
+    on ``examples`` (their labels read only by a method that fits on labels)."""
+    builder._require_classification(f"calibration {method!r}")
+    gold = [builder.label_index(e) for e in examples] if method == "fitted" else None
+    return estimate(method, builder.task.labels, lambda inputs: prompt_scores(model, builder, demos, inputs,
+                                                                               query_batch=query_batch),
+                    examples, gold, rng=np.random.default_rng(seed))
