@@ -221,9 +221,9 @@ def calibration_markdown(result: dict) -> str:
             diff = f"{100 * diff['mean']:+.1f} [{100 * diff['ci95'][0]:+.1f}, {100 * diff['ci95'][1]:+.1f}]" \
                 if diff else "-"
             lines.append(f"| {name} ({sum(t['test_labels'].values())}) | {m} | {100 * s['zero_shot']:.1f} | "
-                         f"{100 * s['median']:.1f} ({100 * s['std']:.1f}) | {100 * s['min']:.1f} - {100 * s['max']:.1f} "
-                         f"| {best} | {diff} | {_num(s.get('validation_test_spearman'))} | "
-                         f"{_num(s.get('validation_split_half'))} |")
+                         f"{100 * s['median']:.1f} ({100 * s['std']:.1f}) | "
+                         f"{100 * s['min']:.1f} - {100 * s['max']:.1f} | {best} | {diff} | "
+                         f"{_num(s.get('validation_test_spearman'))} | {_num(s.get('validation_split_half'))} |")
     return "\n".join(lines)
 
 

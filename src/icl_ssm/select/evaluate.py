@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel
-
-import numpy as np
 
 from icl_ssm.calibrate import Calibration, estimate
 from icl_ssm.compress.compressor import SSMCompressor
