@@ -13,6 +13,9 @@ The reference, :func:`answer_inputs_ref`: every input's whole prompt (header, de
 input) encoded on its own, one unpadded forward each: what a user without a shared prefix does,
 and what the fast path is tested against (the same answers, logits within float32 rounding).
 
+A classification prompt's answers are calibrated (``calibration``, :mod:`icl_ssm.calibrate`): the
+label scores are kept raw beside the calibrated ones, and the answer is the calibrated argmax.
+
 Retrieval per input (``retriever="bm25"`` or ``"topk"``, OpenICL's inferencers): each input
 gets the ``k`` pool candidates most similar to it (:mod:`icl_ssm.select.per_query`), so every
 prompt is its own and is encoded whole.
@@ -23,10 +26,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from icl_ssm.calibrate import Calibration
 from icl_ssm.compress.cache import PrefixCache, compressed_cache, exact_cache
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.data.tasks import Example, Task
@@ -146,6 +151,7 @@ def iter_answers(
     pool: Sequence[Example] | None = None,
     task: Task | None = None,
     max_new_tokens: int = 32,
+    calibration: Calibration | None = None,
 ) -> Iterator[list[Answer]]:
     """Answer ``inputs`` with ``selected``'s prompt, ``batch`` at a time: yields each batch's
     :class:`Answer` list as soon as it is done (so a caller can write it before the next).
@@ -154,7 +160,8 @@ def iter_answers(
     module docstring). ``retriever`` (``"bm25"`` or ``"topk"``) retrieves ``k`` (default: the
     selection's ``k``) demonstrations per input from ``pool`` (default: the selection's pool,
     rebuilt) instead. An input's ``target`` is its label, or ``""`` when it has none. ``task``:
-    default ``selected.task_object()``.
+    default ``selected.task_object()``. ``calibration``: applied to every answer's label scores
+    (classification; default: raw scores).
     """
     if batch < 1:
         raise ValueError(f"batch={batch}; expected >= 1")
@@ -172,7 +179,8 @@ def iter_answers(
         for start in range(0, len(inputs), batch):
             chunk, picks = inputs[start: start + batch], chosen[start: start + batch]
             prompts = [builder.build([pool[i] for i in p], q) for p, q in zip(picks, chunk, strict=True)]
-            answers = _answer(model, builder, None, [p.input_ids for p in prompts], chunk, max_new_tokens)
+            answers = _answer(model, builder, None, [p.input_ids for p in prompts], chunk, max_new_tokens,
+                              calibration)
             yield [_with_demos(a, [pool[i].id for i in p], list(p)) for a, p in zip(answers, picks, strict=True)]
         return
     demos = selected.examples()
@@ -183,7 +191,7 @@ def iter_answers(
             seqs = [builder.build(demos, q).input_ids for q in chunk]
         else:
             seqs = [builder.build_suffix(q).input_ids for q in chunk]
-        answers = _answer(model, builder, prefix, seqs, chunk, max_new_tokens)
+        answers = _answer(model, builder, prefix, seqs, chunk, max_new_tokens, calibration)
         yield [_with_demos(a, selected.ids, selected.pool_indices) for a in answers]
 
 
@@ -194,9 +202,46 @@ def answer_inputs(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, se
     return [a for answers in iter_answers(model, tokenizer, selected, inputs, **kwargs) for a in answers]
 
 
+CALIBRATION_INPUTS = 128  # batch calibration on the user's inputs: estimated on the first this many
+MIN_BATCH_INPUTS = 32  # ... and refused with fewer (a bias from a handful of inputs is mostly their labels)
+
+
+def answer_calibration(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, selected: SelectedPrompt,
+                       method: str, inputs: Sequence[Example], **kwargs) -> Calibration:
+    """The calibration ``method`` of ``selected``'s prompt estimated at answering time, through the same
+    path the answers take (``kwargs``: :func:`iter_answers`'s ``cache``, ``compressor``, ``task``, ``batch``):
+    ``batch`` on the first :data:`CALIBRATION_INPUTS` of ``inputs`` (at least :data:`MIN_BATCH_INPUTS`),
+    ``contextual`` and ``domain`` on their own inputs (``domain``'s words drawn from ``inputs``). The
+    inputs' labels are never read."""
+    from icl_ssm.calibrate import estimate, get_calibrator
+
+    task = kwargs.get("task") or selected.task_object()
+    if task.kind != "classification":
+        raise ValueError(f"--calibrate {method}: task {selected.task!r} is {task.kind!r}; a calibration shifts label "
+                         "scores, which only a classification task has")
+    if method != "none" and get_calibrator(method).needs_labels:
+        raise ValueError(f"--calibrate {method} fits its bias on labels, which answering does not read; accepted "
+                         "here: selection, none, batch, contextual, domain")
+    if method == "batch" and len(inputs) < MIN_BATCH_INPUTS:
+        raise ValueError(f"--calibrate batch estimates the bias on the inputs themselves and needs at least "
+                         f"{MIN_BATCH_INPUTS} of them; the file holds {len(inputs)}: use --calibrate selection (the "
+                         "bias saved with the selection) or contextual")
+    head = [Example(q.id, q.input, "") for q in inputs[:CALIBRATION_INPUTS]]  # labels unread
+
+    def scorer(xs: Sequence[Example]) -> Tensor:
+        answers = answer_inputs(model, tokenizer, selected, xs, **kwargs)
+        return torch.tensor([[a.scores[label] for label in task.labels] for a in answers], dtype=torch.float64)
+
+    calibration = estimate(method, task.labels, scorer, head, rng=np.random.default_rng(0))
+    if method == "batch":
+        return Calibration(method, calibration.labels, calibration.bias, calibration.inputs,
+                           f"{calibration.source} (the first {len(head)} inputs answered)")
+    return calibration
+
+
 def answer_inputs_ref(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, selected: SelectedPrompt,
                       inputs: Sequence[Example], *, task: Task | None = None, batch: int | None = None,
-                      max_new_tokens: int = 32) -> list[Answer]:
+                      max_new_tokens: int = 32, calibration: Calibration | None = None) -> list[Answer]:
     """The reference for :func:`answer_inputs`: each input's whole prompt encoded on its own
     (``batch=None``: one unpadded forward per input; ``batch=b``: ``b`` padded prompts per
     forward, as a user without a shared prefix would batch them)."""
@@ -206,7 +251,7 @@ def answer_inputs_ref(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     prompts = [builder.build(demos, q) for q in inputs]
     if task.kind == "classification":
         scores = scores_reencoded(model, builder, prompts, batch)[1]
-        answers = _labelled(builder, scores, inputs)
+        answers = _labelled(builder, scores, inputs, calibration)
     else:
         answers = _generated(model, builder, None, [p.input_ids for p in prompts], inputs, max_new_tokens,
                              batch or 1)
@@ -216,21 +261,28 @@ def answer_inputs_ref(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
 # ---------------------------------------------------------------------- helpers
 
 def _answer(model: PreTrainedModel, builder: PromptBuilder, prefix: PrefixCache | None, seqs: list[list[int]],
-            inputs: Sequence[Example], max_new_tokens: int) -> list[Answer]:
+            inputs: Sequence[Example], max_new_tokens: int, calibration: Calibration | None = None) -> list[Answer]:
     if builder.task.kind == "classification":
-        return _labelled(builder, scores_after_prefix(model, builder, prefix, seqs)[1], inputs)
+        return _labelled(builder, scores_after_prefix(model, builder, prefix, seqs)[1], inputs, calibration)
     return _generated(model, builder, prefix, seqs, inputs, max_new_tokens, len(seqs))
 
 
-def _labelled(builder: PromptBuilder, scores: Tensor, inputs: Sequence[Example]) -> list[Answer]:
-    """Answers from label scores ``(n, L)``: the best label, every label's score, and 0/1 against
-    the input's label where it has one."""
+def _labelled(builder: PromptBuilder, scores: Tensor, inputs: Sequence[Example],
+              calibration: Calibration | None = None) -> list[Answer]:
+    """Answers from label scores ``(n, L)``: the best label (after ``calibration``, when one is
+    given and is not ``none``), every label's score, and 0/1 against the input's label where it
+    has one."""
     labels = builder.task.labels
+    calibrate = calibration is not None and not calibration.is_none
+    shifted = calibration.apply(scores.double()).tolist() if calibrate else [None] * len(inputs)
     out = []
-    for row, q in zip(scores.cpu().tolist(), inputs, strict=True):
-        best = labels[max(range(len(labels)), key=row.__getitem__)]
+    for row, cal, q in zip(scores.cpu().tolist(), shifted, inputs, strict=True):
+        raw = labels[max(range(len(labels)), key=row.__getitem__)]
+        best = labels[max(range(len(labels)), key=cal.__getitem__)] if calibrate else raw
         out.append(Answer(q.id, best, dict(zip(labels, row, strict=True)), [], None,
-                          float(best == q.target) if q.target else None))
+                          float(best == q.target) if q.target else None,
+                          dict(zip(labels, cal, strict=True)) if calibrate else None, raw if calibrate else None,
+                          float(raw == q.target) if calibrate and q.target else None))
     return out
 
 

@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from icl_ssm import atomic
-from icl_ssm.apply.answer import CACHES, RETRIEVERS, iter_answers
+from icl_ssm.apply.answer import CACHES, MIN_BATCH_INPUTS, RETRIEVERS, answer_calibration, iter_answers
 from icl_ssm.apply.inputs import InputFields, read_inputs
 from icl_ssm.apply.predictions import PredictionsFile
+from icl_ssm.calibrate import Calibration
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.compress.pretrained import find_pretrained
 from icl_ssm.data.tasks import Example, Task
@@ -30,6 +31,8 @@ from icl_ssm.evaluate.stats import paired_bootstrap
 from icl_ssm.select.selected import SelectedPrompt, compressor_fidelity
 
 SUMMARY = "answer_summary.json"
+# --calibrate: the calibration saved with the selection, none, or one estimated now on the inputs
+CALIBRATE = ("selection", "none", "batch", "contextual", "domain")
 
 
 @dataclass
@@ -49,6 +52,7 @@ class AnswerConfig:
     batch: int = 16
     max_new_tokens: int = 32  # generative tasks: the longest answer
     zero_shot: bool = True  # labelled inputs: answer them with no demonstrations too
+    calibrate: str = "selection"  # CALIBRATE: the label-score calibration applied to every answer
     input_field: str | None = None  # None: the selection's task file's, else "text"
     label_field: str | None = None
     id_field: str | None = None
@@ -63,6 +67,11 @@ class AnswerConfig:
         if self.per_query is not None and self.cache != "exact":
             raise ValueError(f"--per-query {self.per_query} gives every input a prompt of its own, encoded whole; "
                              f"there is no shared prefix to compress (--cache {self.cache})")
+        if self.calibrate not in CALIBRATE:
+            raise ValueError(f"--calibrate {self.calibrate!r}; accepted: {', '.join(CALIBRATE)}")
+        if self.per_query is not None and self.calibrate not in ("selection", "none"):
+            raise ValueError(f"--calibrate {self.calibrate} estimates a bias for one prompt; --per-query "
+                             f"{self.per_query} gives every input its own prompt: use --calibrate none")
         if self.k is not None and self.per_query is None:
             raise ValueError(f"--k {self.k} sets the demonstrations retrieved per input; it needs --per-query "
                              "(the selection's prompt has its own k)")
@@ -110,11 +119,23 @@ def plan_answer(cfg: AnswerConfig) -> AnswerPlan:
         compressor, fidelity = _compressor(cfg, selected)
     if cfg.per_query is not None:
         selected.pool_examples(task)  # the pool rebuilds, before any model is loaded
+    if cfg.calibrate != "none" and task.kind != "classification" and (cfg.calibrate != "selection"):
+        raise ValueError(f"--calibrate {cfg.calibrate}: task {selected.task!r} is {task.kind!r}; a calibration shifts "
+                         "label scores, which only a classification task has (use --calibrate none)")
+    if cfg.calibrate == "batch" and len(inputs) < MIN_BATCH_INPUTS:
+        raise ValueError(f"--calibrate batch estimates the bias on the inputs themselves and needs at least "
+                         f"{MIN_BATCH_INPUTS} of them; {cfg.inputs} holds {len(inputs)}: use --calibrate selection "
+                         "(the bias saved with the selection) or contextual")
+    if cfg.calibrate == "selection" and selected.calibration is not None and not selected.calibration.is_none:
+        c = selected.calibration
+        notes.append(f"calibration: {c.method}, saved with the selection ({c.source}); --calibrate none answers raw")
+        if cfg.per_query is not None:
+            notes.append(f"calibration: not applied with --per-query {cfg.per_query} (it is the selected prompt's)")
     settings = {"selection": _hash(json.dumps(selected.to_dict(), sort_keys=True)), "inputs": _file_hash(cfg.inputs),
                 "fields": asdict(fields), "model": selected.model, "cache": cfg.cache, "compressor": compressor,
                 "per_query": cfg.per_query, "k": cfg.k if cfg.per_query else None,
                 "max_new_tokens": cfg.max_new_tokens if task.kind == "generative" else None,
-                "zero_shot": cfg.zero_shot}
+                "zero_shot": cfg.zero_shot, "calibrate": cfg.calibrate}
     return AnswerPlan(cfg, selected, task, inputs, notes, model, compressor, fidelity, settings)
 
 
@@ -133,9 +154,10 @@ def run_answer(plan: AnswerPlan, out: str | Path, model, tokenizer, compressor: 
                          f"first inputs of {cfg.inputs}; remove it or choose another --out")
     rest = plan.inputs[len(done):]
     t0 = time.perf_counter()
+    calibrations = resolve_calibrations(plan, model, tokenizer, compressor)
     try:
         if rest:
-            rows = _answer_rows(plan, model, tokenizer, compressor, rest)
+            rows = _answer_rows(plan, model, tokenizer, compressor, rest, calibrations)
             for batch_rows in rows:
                 predictions.append(batch_rows)
                 done += batch_rows
@@ -146,32 +168,64 @@ def run_answer(plan: AnswerPlan, out: str | Path, model, tokenizer, compressor: 
     seconds = time.perf_counter() - t0
     if not finished:
         predictions.finish(done)
-    summary = summarize(plan, done, answered=len(rest), seconds=seconds)
+    summary = summarize(plan, done, answered=len(rest), seconds=seconds, calibrations=calibrations)
     atomic.write_json(out / SUMMARY, summary)
     return summary
 
 
-def _answer_rows(plan: AnswerPlan, model, tokenizer, compressor, rest: list[Example]):
+def resolve_calibrations(plan: AnswerPlan, model, tokenizer, compressor) -> dict[str, Calibration | None]:
+    """The calibration of the prompt (``"prompt"``) and of the zero-shot answers beside it
+    (``"zero_shot"``), None where the scores stay raw. ``--calibrate selection``: the one saved with
+    the selection; ``batch``, ``contextual``, ``domain``: estimated now on the inputs
+    (:func:`~icl_ssm.apply.answer.answer_calibration`), always on the file's first inputs, whichever
+    were answered before, so a continued run applies the same bias. Zero-shot gets the prompt's method
+    estimated for itself on the inputs (raw where that method cannot be: a fitted bias, or too
+    few inputs for batch)."""
+    cfg = plan.cfg
+    if plan.task.kind != "classification" or cfg.calibrate == "none":
+        return {"prompt": None, "zero_shot": None}
+    kwargs = {"batch": cfg.batch, "task": plan.task}
+    if cfg.calibrate == "selection":
+        prompt = None if cfg.per_query is not None else plan.selected.calibration
+    else:
+        prompt = answer_calibration(model, tokenizer, plan.selected, cfg.calibrate, plan.inputs, cache=cfg.cache,
+                                    compressor=compressor, **kwargs)
+    if prompt is None or prompt.is_none:
+        return {"prompt": None, "zero_shot": None}
+    zero = None
+    if plan.labelled and cfg.zero_shot and prompt.method in ("batch", "contextual", "domain") and \
+            (prompt.method != "batch" or len(plan.inputs) >= MIN_BATCH_INPUTS):
+        zero = answer_calibration(model, tokenizer, plan.selected.zero_shot(), prompt.method, plan.inputs, **kwargs)
+    return {"prompt": prompt, "zero_shot": zero}
+
+
+def _answer_rows(plan: AnswerPlan, model, tokenizer, compressor, rest: list[Example],
+                 calibrations: dict[str, Calibration | None]):
     """The rows of ``rest``, a batch at a time, with zero-shot answers beside them when the
-    inputs have labels."""
+    inputs have labels; with a calibration, the raw answer's correctness beside the calibrated one's."""
     cfg = plan.cfg
     kwargs = {"batch": cfg.batch, "task": plan.task, "max_new_tokens": cfg.max_new_tokens}
     answers = iter_answers(model, tokenizer, plan.selected, rest, cache=cfg.cache, compressor=compressor,
-                           retriever=cfg.per_query, k=cfg.k, **kwargs)
-    zero = iter_answers(model, tokenizer, plan.selected.zero_shot(), rest, **kwargs) \
-        if plan.labelled and cfg.zero_shot else None
+                           retriever=cfg.per_query, k=cfg.k, calibration=calibrations["prompt"], **kwargs)
+    zero = iter_answers(model, tokenizer, plan.selected.zero_shot(), rest, calibration=calibrations["zero_shot"],
+                        **kwargs) if plan.labelled and cfg.zero_shot else None
     for batch in answers:
         rows = [a.row() for a in batch]
         if zero is not None:
             for row, z in zip(rows, next(zero), strict=True):
                 row["zero_shot"] = {"answer": z.answer, "correct": z.correct}
+                if z.raw_answer is not None:
+                    row["zero_shot"]["raw_correct"] = z.raw_correct
         yield rows
 
 
-def summarize(plan: AnswerPlan, rows: list[dict[str, Any]], *, answered: int, seconds: float) -> dict[str, Any]:
-    """What ``answer_summary.json`` holds: counts, timing and, for labelled inputs, the accuracy
-    of the prompt and of zero-shot with 95% bootstrap intervals over the inputs, and their
-    paired difference."""
+def summarize(plan: AnswerPlan, rows: list[dict[str, Any]], *, answered: int, seconds: float,
+              calibrations: dict[str, Calibration | None] | None = None) -> dict[str, Any]:
+    """What ``answer_summary.json`` holds: counts, timing, the calibrations applied and, for
+    labelled inputs, the accuracy of the prompt and of zero-shot (as answered, and raw where a
+    calibration was applied) with 95% bootstrap intervals over the inputs, and their paired
+    difference."""
+    calibrations = calibrations or {}
     cfg = plan.cfg
     summary: dict[str, Any] = {
         "selection": plan.selected.source, "inputs_file": cfg.inputs, "inputs": len(rows), "answered_now": answered,
@@ -180,6 +234,7 @@ def summarize(plan: AnswerPlan, rows: list[dict[str, Any]], *, answered: int, se
         "compressor": plan.compressor, "fidelity": plan.fidelity, "per_query": cfg.per_query,
         "seconds": seconds, "answers_per_second": answered / seconds if answered and seconds > 0 else None,
         "notes": plan.notes,
+        "calibration": {name: None if c is None else c.to_dict() for name, c in calibrations.items()} or None,
     }
     correct = [row["correct"] for row in rows]
     if rows and all(c is not None for c in correct):
@@ -188,6 +243,12 @@ def summarize(plan: AnswerPlan, rows: list[dict[str, Any]], *, answered: int, se
         if all(z is not None for z in zero):
             summary["zero_shot_accuracy"] = paired_bootstrap(np.array(zero, dtype=float))
             summary["gain_over_zero_shot"] = paired_bootstrap(np.array(correct, dtype=float) - np.array(zero))
+        raw = [row.get("raw_correct") for row in rows]
+        if all(r is not None for r in raw):
+            summary["raw_accuracy"] = paired_bootstrap(np.array(raw, dtype=float))
+        zero_raw = [row.get("zero_shot", {}).get("raw_correct") for row in rows]
+        if all(z is not None for z in zero_raw):
+            summary["zero_shot_raw_accuracy"] = paired_bootstrap(np.array(zero_raw, dtype=float))
     return summary
 
 
@@ -206,6 +267,12 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             line += (f"; zero-shot {_ci(zero)}; the prompt minus zero-shot "
                      f"{_ci(summary['gain_over_zero_shot'], sign=True)} (paired)")
         lines.append(line)
+        cal = (summary.get("calibration") or {}).get("prompt")
+        if cal and summary.get("raw_accuracy"):
+            line = f"calibration {cal['method']} ({cal['source']}): raw accuracy {_ci(summary['raw_accuracy'])}"
+            if summary.get("zero_shot_raw_accuracy"):
+                line += f", zero-shot raw {_ci(summary['zero_shot_raw_accuracy'])}"
+            lines.append(line)
     return lines
 
 

@@ -100,9 +100,13 @@ def biases(logp_val: torch.Tensor, gold_val: torch.Tensor, logp_test: torch.Tens
 
 def cross_fitted(logp_val: torch.Tensor, gold_val: torch.Tensor, method: str) -> torch.Tensor:
     """``(V,)`` validation predictions of a method fitted on labels, each fold's from a bias fitted
-    on the other folds (so its validation accuracy is not measured on what it was fitted to)."""
+    on the other folds (so its validation accuracy is not measured on what it was fitted to). The
+    folds are label-stratified: each label's examples alternate between them."""
     pred = torch.empty(len(gold_val), dtype=torch.long)
-    fold = torch.arange(len(gold_val)) % FOLDS
+    fold = torch.empty(len(gold_val), dtype=torch.long)
+    for label in gold_val.unique():
+        at = (gold_val == label).nonzero()[:, 0]
+        fold[at] = torch.arange(len(at)) % FOLDS
     for f in range(FOLDS):
         bias = get_calibrator(method).fit(logp_val[fold != f], gold_val[fold != f])
         pred[fold == f] = (logp_val[fold == f] - bias).argmax(-1)

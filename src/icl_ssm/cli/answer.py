@@ -11,8 +11,8 @@ import signal
 import sys
 from dataclasses import fields
 
-from icl_ssm.apply.answer import CACHES, RETRIEVERS
-from icl_ssm.apply.run import AnswerConfig, plan_answer, run_answer, summary_lines
+from icl_ssm.apply.answer import CACHES, CALIBRATION_INPUTS, MIN_BATCH_INPUTS, RETRIEVERS
+from icl_ssm.apply.run import CALIBRATE, AnswerConfig, plan_answer, run_answer, summary_lines
 from icl_ssm.cli.options import parse_options
 
 INPUT_OPTIONS = ("input_field", "label_field", "target_field", "id_field")
@@ -85,6 +85,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="--per-query: demonstrations per input (default: the selection's)")
     p.add_argument("--batch", type=int, default=d.batch, help="inputs answered together")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="generative tasks: longest answer")
+    p.add_argument("--calibrate", default=d.calibrate, choices=CALIBRATE,
+                   help="the label-score calibration: selection (the bias saved with the selection, none if it has "
+                        "none), none (raw scores), or one estimated now: batch (the mean label log-probability over "
+                        f"the first {CALIBRATION_INPUTS} inputs; at least {MIN_BATCH_INPUTS}; it assumes their labels "
+                        "are roughly balanced), contextual (content-free inputs) or domain (random in-domain words)")
     p.add_argument("--no-zero-shot", dest="zero_shot", action="store_false",
                    help="labelled inputs: do not answer them with no demonstrations beside the prompt")
     p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",

@@ -15,7 +15,9 @@ every demonstration's id, text, label and pool index; the model (answering with 
 refused by name); the task, its options and the template it was formatted with (instruction,
 input and output prefixes, labels and their verbalisers); how the pool is rebuilt (its size,
 seed, ``k`` and a hash of its ids, for retrieval per input); and the compressor the selection
-read, with its fidelity verdict where one was measured.
+read, with its fidelity verdict where one was measured; and the calibration chosen with the
+prompt (:class:`~icl_ssm.calibrate.Calibration`: the method, the bias per label and what it was
+estimated on), which ``icl-ssm answer`` applies by default.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from icl_ssm import atomic
+from icl_ssm.calibrate import Calibration
 from icl_ssm.data.files import read_records
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import KINDS, Example, Task, get_task
@@ -66,8 +69,9 @@ class SelectedPrompt:
     :func:`~icl_ssm.data.splits.split` rebuilds the candidate pool (None: unknown);
     ``compressor``: the compressor directory the selection read (None: none); ``fidelity``:
     its verdict ``{"verdict": "compressed" | "dense" | None, "detail", "source"}`` (verdict
-    None: not measured); ``method``: the selector that chose them; ``source``: where it was
-    loaded from (not saved).
+    None: not measured); ``method``: the selector that chose them; ``calibration``: the
+    :class:`~icl_ssm.calibrate.Calibration` chosen with the prompt (None: raw scores);
+    ``source``: where it was loaded from (not saved).
     """
 
     model: str
@@ -80,7 +84,14 @@ class SelectedPrompt:
     compressor: str | None = None
     fidelity: dict[str, Any] | None = None
     method: str | None = None
+    calibration: Calibration | None = None
     source: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.calibration is not None and self.template.get("labels") and \
+                list(self.calibration.labels) != list(self.template["labels"]):
+            raise ValueError(f"selection {self.where()}: its calibration is for labels "
+                             f"{list(self.calibration.labels)}, its task's are {self.template['labels']}")
 
     @property
     def k(self) -> int:
@@ -101,7 +112,7 @@ class SelectedPrompt:
 
     def zero_shot(self) -> SelectedPrompt:
         """The same task and model with no demonstrations: the baseline a prompt is measured against."""
-        return replace(self, demonstrations=[], method="zero-shot", compressor=None, fidelity=None)
+        return replace(self, demonstrations=[], method="zero-shot", compressor=None, fidelity=None, calibration=None)
 
     # ------------------------------------------------------------------ the task and its pool
 
@@ -161,17 +172,18 @@ class SelectedPrompt:
     def from_pool(pool: Sequence[Example], indices: Sequence[int], *, model: str, task: Task,
                   method: str | None = None, task_options: dict[str, Any] | None = None, chat: bool = False,
                   pool_made: dict[str, Any] | None = None, compressor: str | None = None,
-                  fidelity: dict[str, Any] | None = None) -> SelectedPrompt:
+                  fidelity: dict[str, Any] | None = None, calibration: Calibration | None = None) -> SelectedPrompt:
         """The selection of ``pool[i] for i in indices`` (prompt order) for ``model`` and ``task``
         (built with ``task_options``); ``pool_made``: :func:`pool_spec`."""
         demos = [Demonstration(pool[i].id, pool[i].input, pool[i].target, int(i)) for i in indices]
         name = str(Path(task.name).resolve()) if Path(task.name).is_file() else task.name  # a user file, from anywhere
         return SelectedPrompt(model, name, demos, dict(task_options or {}), task_template(task), chat, pool_made,
-                              compressor, fidelity, method)
+                              compressor, fidelity, method, calibration)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("source")
+        data["calibration"] = None if self.calibration is None else self.calibration.to_dict()
         return {"format": FORMAT, **data}
 
     @staticmethod
@@ -185,6 +197,8 @@ class SelectedPrompt:
         demos = [Demonstration(**d) for d in data["demonstrations"]]
         kept = {key: data[key] for key in ("task_options", "template", "chat", "pool", "compressor", "fidelity",
                                            "method") if key in data}
+        if data.get("calibration") is not None:
+            kept["calibration"] = Calibration.from_dict(data["calibration"], f"{where}: calibration")
         return SelectedPrompt(data["model"], data["task"], demos, **kept, source=source)
 
     def save(self, directory: str | Path, *, files: bool = False, prompt_text: str | None = None) -> Path:
