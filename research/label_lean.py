@@ -84,8 +84,9 @@ def analyse(path: str, pools: dict) -> dict:
     dense, lean = balanced(losses["dense"], labels)
     recency = y @ (np.arange(1, k + 1) / k)
     count = y.sum(1)
-    rows = [row("recency-weighted label count, score^2 (w_i = i/k)", recency**2, dense, kind="prompt-only, 0 parameters"),
-            row("plain label count, count^2", count**2, dense, kind="prompt-only, 0 parameters")]
+    blind = "prompt-only, 0 parameters"
+    rows = [row("recency-weighted label count, score^2 (w_i = i/k)", recency**2, dense, kind=blind),
+            row("plain label count, count^2", count**2, dense, kind=blind)]
     for name, loss in losses.items():
         if name != "dense":
             other = row(f"cache path: {name}", balanced(loss, labels)[0], dense, kind=KIND.get(name, "compressor"))
@@ -129,8 +130,7 @@ def main() -> None:
         S, Q = len(a["ids"]), len(a["query_labels"])
         for m, b in enumerate(loaded):
             size = (len(b["ids"]), len(b["query_labels"]))
-            if (m == j or size < (S, Q) or (size == (S, Q) and m > j) or min(size[0] - S, size[1] - Q) < 0
-                    or a["ids"] != b["ids"][:S]):
+            if m == j or size[0] < S or size[1] < Q or (size == (S, Q) and m > j) or a["ids"] != b["ids"][:S]:
                 continue
             if np.allclose(np.array(a["query_loss"]["dense"]), np.array(b["query_loss"]["dense"])[:S, :Q], atol=1e-4):
                 results[j]["dense_same_as_or_nested_in"] = results[m]["record"]

@@ -340,3 +340,96 @@ def test_sigterm_halfway_then_rerun_answers_the_rest_and_equals_an_uninterrupted
     finally:
         torch.set_num_threads(threads)
     assert (out / "predictions.jsonl").read_text() == (whole / "predictions.jsonl").read_text()
+
+
+# ---------------------------------------------------------------------- calibrated selections
+
+def calibrated_selection(files, tmp_path, bias=(-1.5, 1.5), method="batch"):
+    """The module's selection with a calibration saved in its selection.json."""
+    from icl_ssm.calibrate import Calibration
+
+    selected = SelectedPrompt.load(files["sel"])
+    labels = selected.task_object().labels
+    selected.calibration = Calibration(method, tuple(labels), tuple(bias), 64, "a test's bias")
+    out = tmp_path / "calibrated"
+    selected.save(out)
+    return SelectedPrompt.load(out), out
+
+
+def test_a_calibrated_selection_answers_as_the_re_encoded_prompt_with_the_same_bias(files, tmp_path, tiny):
+    """The shared prefix with the saved bias against the reference (every prompt re-encoded, the
+    same bias applied by hand): the same answers, the raw scores kept beside."""
+    model, tokenizer = tiny
+    task = SelectedPrompt.load(files["sel"]).task_object()
+    inputs = read_inputs(small_inputs(files, tmp_path, n=20), task)[0]
+    raw = answer_inputs_ref(model, tokenizer, SelectedPrompt.load(files["sel"]), inputs)
+    logp = torch.log_softmax(torch.tensor([[a.scores[y] for y in task.labels] for a in raw], dtype=torch.float64), -1)
+    bias = logp.mean(0)  # the inputs' own mean: it moves some answers whichever way the prompt leans
+    selected, _ = calibrated_selection(files, tmp_path, bias=tuple(bias.tolist()))
+    assert selected.calibration.bias == tuple(bias.tolist())
+    fast = answer_inputs(model, tokenizer, selected, inputs, batch=6)
+    by_hand = [task.labels[i] for i in (logp - bias).argmax(-1).tolist()]
+    assert [a.answer for a in fast] == by_hand == [a.answer for a in answer_inputs_ref(model, tokenizer, selected,
+                                                                                        inputs)]
+    assert [a.raw_answer for a in fast] == [a.answer for a in raw]
+    assert by_hand != [a.answer for a in raw]  # the bias moved some answers: the test can fail
+    assert all(abs(a.scores[y] - b.scores[y]) < 1e-4 for a, b in zip(fast, raw) for y in task.labels)
+    assert all(a.raw_correct == float(a.raw_answer == q.target) for a, q in zip(fast, inputs))
+
+
+def test_answer_applies_the_saved_calibration_and_calibrate_overrides_it(files, tmp_path, capsys, tiny):
+    selected, sel = calibrated_selection(files, tmp_path)
+    few = small_inputs(files, tmp_path, n=12)
+    assert main(["answer", str(sel), str(few), "--out", str(tmp_path / "cal"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    rows = [json.loads(line) for line in (tmp_path / "cal" / "predictions.jsonl").read_text().splitlines()]
+    assert {"calibrated_scores", "raw_answer", "raw_correct"} <= set(rows[0])
+    assert summary["calibration"]["prompt"]["bias"] == [-1.5, 1.5]
+    assert summary["raw_accuracy"]["mean"] == pytest.approx(np.mean([r["raw_correct"] for r in rows]))
+    assert main(["answer", str(sel), str(few), "--out", str(tmp_path / "raw"), "--calibrate", "none", "--json"]) == 0
+    capsys.readouterr()
+    raw = [json.loads(line) for line in (tmp_path / "raw" / "predictions.jsonl").read_text().splitlines()]
+    assert [r["answer"] for r in raw] == [r["raw_answer"] for r in rows] and "calibrated_scores" not in raw[0]
+    # batch calibration on the inputs needs enough of them, and fitted reads labels: both refused by name
+    assert main(["answer", str(sel), str(few), "--out", str(tmp_path / "b"), "--calibrate", "batch"]) == 2
+    assert "needs at least 32 of them" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["answer", str(sel), str(few), "--out", str(tmp_path / "f"), "--calibrate", "fitted"])
+    assert "invalid choice: 'fitted'" in capsys.readouterr().err
+
+
+def test_batch_calibration_on_the_inputs_resumes_byte_identical(files, tmp_path, capsys, tiny):
+    """--calibrate batch estimates its bias on the file's first inputs whichever were answered
+    before: a run stopped after two batches and continued writes an uninterrupted run's file."""
+    model, tokenizer = tiny
+    _, sel = calibrated_selection(files, tmp_path)
+    many = small_inputs(files, tmp_path, n=40, name="forty.jsonl")
+    out = tmp_path / "whole"
+    assert main(["answer", str(sel), str(many), "--out", str(out), "--batch", "8", "--calibrate", "batch",
+                 "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["calibration"]["prompt"]["method"] == "batch" and summary["calibration"]["prompt"]["inputs"] == 40
+    assert summary["calibration"]["zero_shot"]["method"] == "batch"
+    whole = (out / "predictions.jsonl").read_text()
+    lines = whole.splitlines(keepends=True)
+    settings = json.loads((out / "answer_settings.json").read_text())
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    header = json.dumps({"header": "icl-ssm answer: partial predictions", "settings": settings}) + "\n"
+    (stopped / PARTIAL).write_text(header + "".join(lines[:16]))
+    assert main(["answer", str(sel), str(many), "--out", str(stopped), "--batch", "8", "--calibrate", "batch",
+                 "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["answered_before"] == 16 and again["answered_now"] == 24
+    assert (stopped / "predictions.jsonl").read_text() == whole
+    # the bias is the mean label log-probability of the inputs under the prompt
+    from icl_ssm.apply.answer import answer_calibration
+
+    selected = SelectedPrompt.load(sel)
+    inputs = read_inputs(many, selected.task_object())[0]
+    cal = answer_calibration(model, tokenizer, selected, "batch", inputs, batch=8)
+    raw = answer_inputs(model, tokenizer, selected, inputs, calibration=None)
+    logp = torch.log_softmax(torch.tensor([[a.scores[y] for y in selected.task_object().labels] for a in raw],
+                                          dtype=torch.float64), -1).mean(0)
+    assert cal.bias[1] - cal.bias[0] == pytest.approx(float(logp[1] - logp[0]), abs=1e-6)
+    assert summary["calibration"]["prompt"]["bias"] == pytest.approx(list(cal.bias), abs=1e-9)

@@ -41,6 +41,7 @@ from icl_ssm.lm.scoring import generate_answers, score_labels
 from icl_ssm.select.per_query import PER_QUERY_METHODS, bm25_prompts, topk_prompts
 from icl_ssm.select.selected import SelectedPrompt
 
+FROM_SELECTION = "selection"  # calibration: the one saved with the selection (None: raw scores)
 CACHES = ("exact", "compressed")  # the shared prefix: the model's own K/V, or a compressor's slots
 RETRIEVERS = PER_QUERY_METHODS  # demonstrations retrieved for each input instead of one prompt for all
 
@@ -51,7 +52,9 @@ class Answer:
     text of a generative task); ``scores`` (label -> log-likelihood of its verbaliser; None for a
     generative task); the ``demonstrations`` (ids, prompt order) and their ``pool_indices``
     (None where unknown) it was answered after; ``correct`` (the task's metric against the
-    input's label; None for an input without one)."""
+    input's label; None for an input without one); with a calibration, ``calibrated`` (label ->
+    calibrated score, what ``answer`` is the best of), ``raw_answer`` (the best raw score's label)
+    and ``raw_correct`` (its metric)."""
 
     id: str
     answer: str
@@ -59,12 +62,19 @@ class Answer:
     demonstrations: list[str]
     pool_indices: list[int] | None
     correct: float | None = None
+    calibrated: dict[str, float] | None = None
+    raw_answer: str | None = None
+    raw_correct: float | None = None
 
     def row(self) -> dict:
         """A line of ``predictions.jsonl``: the fields, scores rounded to 6 decimals."""
         scores = None if self.scores is None else {k: round(v, 6) for k, v in self.scores.items()}
-        return {"id": self.id, "answer": self.answer, "scores": scores, "correct": self.correct,
-                "demonstrations": self.demonstrations, "pool_indices": self.pool_indices}
+        row = {"id": self.id, "answer": self.answer, "scores": scores, "correct": self.correct,
+               "demonstrations": self.demonstrations, "pool_indices": self.pool_indices}
+        if self.calibrated is not None:
+            row |= {"calibrated_scores": {k: round(v, 6) for k, v in self.calibrated.items()},
+                    "raw_answer": self.raw_answer, "raw_correct": self.raw_correct}
+        return row
 
 
 def shared_prefix(model: PreTrainedModel, builder: PromptBuilder, demos: Sequence[Example], cache: str = "exact",
@@ -151,7 +161,7 @@ def iter_answers(
     pool: Sequence[Example] | None = None,
     task: Task | None = None,
     max_new_tokens: int = 32,
-    calibration: Calibration | None = None,
+    calibration: Calibration | str | None = FROM_SELECTION,
 ) -> Iterator[list[Answer]]:
     """Answer ``inputs`` with ``selected``'s prompt, ``batch`` at a time: yields each batch's
     :class:`Answer` list as soon as it is done (so a caller can write it before the next).
@@ -161,7 +171,8 @@ def iter_answers(
     selection's ``k``) demonstrations per input from ``pool`` (default: the selection's pool,
     rebuilt) instead. An input's ``target`` is its label, or ``""`` when it has none. ``task``:
     default ``selected.task_object()``. ``calibration``: applied to every answer's label scores
-    (classification; default: raw scores).
+    (classification): by default the selection's own (``selected.calibration``; none with a
+    ``retriever``, whose prompts are not the selection's), None for raw scores.
     """
     if batch < 1:
         raise ValueError(f"batch={batch}; expected >= 1")
@@ -170,6 +181,8 @@ def iter_answers(
                          f"it shares no prefix to compress (cache={cache!r}): use cache='exact'")
     task = task or selected.task_object()
     builder = PromptBuilder.for_model(model, tokenizer, task, chat=selected.chat)
+    if calibration == FROM_SELECTION:
+        calibration = selected.calibration if retriever is None else None
     inputs = list(inputs)
     if not inputs:
         return
@@ -229,7 +242,7 @@ def answer_calibration(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
     head = [Example(q.id, q.input, "") for q in inputs[:CALIBRATION_INPUTS]]  # labels unread
 
     def scorer(xs: Sequence[Example]) -> Tensor:
-        answers = answer_inputs(model, tokenizer, selected, xs, **kwargs)
+        answers = answer_inputs(model, tokenizer, selected, xs, calibration=None, **kwargs)
         return torch.tensor([[a.scores[label] for label in task.labels] for a in answers], dtype=torch.float64)
 
     calibration = estimate(method, task.labels, scorer, head, rng=np.random.default_rng(0))
@@ -241,11 +254,14 @@ def answer_calibration(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
 
 def answer_inputs_ref(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, selected: SelectedPrompt,
                       inputs: Sequence[Example], *, task: Task | None = None, batch: int | None = None,
-                      max_new_tokens: int = 32, calibration: Calibration | None = None) -> list[Answer]:
+                      max_new_tokens: int = 32, calibration: Calibration | str | None = FROM_SELECTION
+                      ) -> list[Answer]:
     """The reference for :func:`answer_inputs`: each input's whole prompt encoded on its own
     (``batch=None``: one unpadded forward per input; ``batch=b``: ``b`` padded prompts per
-    forward, as a user without a shared prefix would batch them)."""
+    forward, as a user without a shared prefix would batch them); ``calibration`` as there."""
     task = task or selected.task_object()
+    if calibration == FROM_SELECTION:
+        calibration = selected.calibration
     builder = PromptBuilder.for_model(model, tokenizer, task, chat=selected.chat)
     demos = selected.examples()
     prompts = [builder.build(demos, q) for q in inputs]
