@@ -254,3 +254,48 @@ def test_the_equal_time_bench_takes_a_compressor_per_task_and_refuses_one_it_can
         arm_compressors(["cr"], {}, {"mmlu": str(tmp_path / "G")})
     with pytest.raises(ValueError, match=r"--compressor cr=.*not a compressor directory"):
         arm_compressors(["cr"], {"cr": str(tmp_path)}, {})
+
+
+@dataclass
+class Leaning(SubsetEvaluator):
+    """Label scores where every planted member a prompt holds adds signal (0.5 of margin towards
+    the gold label) and a larger lean (1.5 towards 'pos'): raw, the planted members look harmful;
+    with the lean removed (batch calibration), they are what helps."""
+
+    good: frozenset
+    clock: Clock
+    seed: int = 0
+
+    def evaluate(self, pool, validation, subsets):
+        rng = np.random.default_rng(self.seed + len(subsets))
+        gold = np.array([LABELS.index(q.target) for q in validation])
+        scores = []
+        for s in subsets:
+            g = sum(i in self.good for i in s)
+            margin = (2 * gold - 1) * (0.3 + 0.5 * g) + 1.5 * g + 0.2 * rng.normal(size=len(gold))
+            scores.append(np.stack([np.zeros_like(margin), margin], axis=1))
+        scores = np.array(scores)  # (M, Q, 2)
+        logp = scores - np.logaddexp(scores[..., :1], scores[..., 1:])
+        per_query = -np.take_along_axis(logp, gold[None, :, None].repeat(len(subsets), 0), -1)[..., 0]
+        self.clock.t += len(subsets) * (0.2 + 0.02 * len(gold))
+        return SubsetLosses(per_query.mean(1), Cost(0, 0.0), 0, per_query, None, scores)
+
+
+def test_search_calibrations_score_each_prompt_as_it_will_answer_and_hand_over_the_best_pair():
+    pool = pool_of(40)
+    good = frozenset(range(10))
+    found = {}
+    for calibrations in ((), ("none", "batch")):
+        clock = Clock()
+        search = PromptSearch(confirm=Leaning(good, clock), budget=60.0, screen_queries=16, confirm_queries=32,
+                              order_candidates=4, labels=LABELS, clock=clock, calibrations=calibrations)
+        sel = search.select(pool, validation_of(64), 6, np.random.default_rng(0))
+        found[calibrations] = (sum(i in good for i in sel.indices), sel.details)
+    raw_good, raw = found[()]
+    cal_good, cal = found[("none", "batch")]
+    assert raw["calibration"] is None and raw_good <= 1  # raw losses shun the planted members
+    assert cal["calibration"] == "batch" and cal_good >= 3
+    assert set(cal["calibration_losses"]) == {"none", "batch"}
+    assert cal["calibration_losses"]["batch"] < cal["calibration_losses"]["none"]
+    with pytest.raises(ValueError, match="search calibrations \\['fitted'\\]; accepted: none, batch"):
+        PromptSearch(confirm=Leaning(good, Clock()), labels=LABELS, calibrations=("fitted",))

@@ -38,6 +38,9 @@ class SubsetLosses:
     evaluator has them (model evaluators do, oracles do not); ``query_labels``: (Q,) each
     query's label index when ``losses`` are label-balanced (None for the plain mean). With them
     :func:`split_half` tells how much of the subsets' ranking the validation set can carry.
+    ``query_scores``: (M, Q, L) every label's verbaliser log-likelihood for every query after
+    every subset, where the evaluator reads them (a classification task on model caches): what a
+    calibration (:mod:`icl_ssm.select.calibrated`) is applied to.
     """
 
     losses: np.ndarray
@@ -45,6 +48,7 @@ class SubsetLosses:
     tokens: int = 0
     query_losses: np.ndarray | None = None
     query_labels: np.ndarray | None = None
+    query_scores: np.ndarray | None = None
 
 
 class SubsetEvaluator:
@@ -174,7 +178,7 @@ class CacheEvaluator(SubsetEvaluator):
         form = self._flop_samples.setdefault(suffix_lengths, ShapeFlops())  # per (B, T), kept across calls
         labels = query_labels(self.builder, validation, self.balance_labels)
         weights = None if labels is None else label_weights(labels)
-        losses, per_query, total, tokens = [], [], Cost(), 0
+        losses, per_query, scores, total, tokens = [], [], [], Cost(), 0
         for start in range(0, len(subsets), self.batch):
             chunk = subsets[start : start + self.batch]
             ids, mask = pad_right([self.builder.build_prefix([pool[i] for i in s]) for s in chunk])
@@ -191,12 +195,14 @@ class CacheEvaluator(SubsetEvaluator):
                     cost.flops = form.predict(*shape)
             q = ev.loss.double().numpy()
             per_query.append(q)
+            scores.append(None if ev.scores is None else ev.scores.double().numpy())
             losses.append(ev.subset_loss().double().numpy() if weights is None else q @ weights)
             total = total + cost
             encoded = int(mask.sum()) if self.cache == "dense" else len(chunk) * getattr(
                 getattr(self.compressor, "config", None), "num_sink", 0)
             tokens += encoded + len(chunk) * suffix_tokens
-        return SubsetLosses(np.concatenate(losses), total, tokens, np.concatenate(per_query), labels)
+        read = None if not scores or any(x is None for x in scores) else np.concatenate(scores)
+        return SubsetLosses(np.concatenate(losses), total, tokens, np.concatenate(per_query), labels, read)
 
 
 @dataclass
@@ -246,7 +252,9 @@ def concat(*parts: SubsetLosses) -> SubsetLosses:
     """The subsets of ``parts`` in order, costs and tokens summed; per-query losses kept only
     when every part has them."""
     per_query = [p.query_losses for p in parts]
+    scores = [p.query_scores for p in parts]
     return SubsetLosses(
         np.concatenate([p.losses for p in parts]), sum((p.cost for p in parts), Cost()), sum(p.tokens for p in parts),
         None if any(q is None for q in per_query) else np.concatenate(per_query), parts[0].query_labels,
+        None if any(x is None for x in scores) else np.concatenate(scores),
     )

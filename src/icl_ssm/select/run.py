@@ -119,6 +119,8 @@ class SelectConfig:
     screen_queries: int = 32  # --method search: label-balanced validation queries of the screen
     confirm_queries: int = 64  # --method search: validation queries of the last successive-halving rung
     seeds: dict[str, list[int]] = field(default_factory=dict)  # --method search: named prompts screened too
+    # --method search: calibrations paired with every prompt (select.calibrated.SEARCHED); () raw losses
+    search_calibrations: tuple[str, ...] = ()
     chat: bool = False
     task_options: dict[str, Any] = field(default_factory=dict)  # get_task's options (-o KEY=VALUE, --skip-empty)
 

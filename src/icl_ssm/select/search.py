@@ -48,6 +48,7 @@ from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.stats import spearman
 from icl_ssm.select.affinity import search_order
+from icl_ssm.calibrate import NONE
 from icl_ssm.select.base import (
     Selection,
     Selector,
@@ -57,6 +58,7 @@ from icl_ssm.select.base import (
     top_k_per_label,
     validate_selection_inputs,
 )
+from icl_ssm.select.calibrated import SEARCHED, CalibratedEvaluator, calibrated_losses, gold_indices
 from icl_ssm.select.estimators import mean_affinity
 from icl_ssm.select.evaluators import SubsetEvaluator, SubsetLosses, concat, reliability, split_half
 from icl_ssm.select.sampling import balanced_subsets, label_quotas, stratified_subsets
@@ -95,6 +97,13 @@ class Arm:
     source: str
     screen_loss: float = math.nan
     confirm: dict[int, float] = field(default_factory=dict)  # queries -> label-balanced dense loss
+    # with calibrations: queries -> {calibration: its loss}; the arm's loss is the best of them
+    pairs: dict[int, dict[str, float]] = field(default_factory=dict)
+
+    def calibration(self, queries: int) -> str:
+        """The calibration whose pair scored best on ``queries`` (``none`` without calibrations)."""
+        losses = self.pairs.get(queries)
+        return min(losses, key=losses.get) if losses else NONE
 
 
 @register("search")
@@ -109,6 +118,11 @@ class PromptSearch(Selector):
     ``labels``: the task's answer set when it is a fixed label set (enables the label-balanced
     sources and query balance), else empty; ``seeds``: named prompts to screen beside the
     generated ones. ``say`` gets the plan before the budget is spent and a line per phase.
+    ``calibrations`` (classification; from :data:`~icl_ssm.select.calibrated.SEARCHED`): every
+    prompt is scored with each calibration from the same label scores, as the label-balanced
+    cross-entropy over the label set (:func:`~icl_ssm.select.calibrated.calibrated_losses`), and
+    ranks by its best pair; the winner's calibration is handed over with it
+    (``details["calibration"]``) and orders it. Empty: the evaluators' own losses, uncalibrated.
     """
 
     confirm: SubsetEvaluator
@@ -121,6 +135,7 @@ class PromptSearch(Selector):
     labels: tuple[str, ...] = ()
     seeds: dict[str, list[int]] = field(default_factory=dict)
     swap_share: float = 0.3  # of the screened prompts: swaps around the best so far
+    calibrations: tuple[str, ...] = ()
     screen_name: str = "compressed"
     say: Callable[[str], None] | None = None
     progress: Callable[[int], None] | None = None
@@ -136,6 +151,11 @@ class PromptSearch(Selector):
                 raise ValueError(f"{name}={getattr(self, name)}: expected >= {2 if name == 'order_candidates' else 1}")
         if not 0 <= self.swap_share < 1:
             raise ValueError(f"swap_share={self.swap_share}: expected a share in [0, 1)")
+        unknown = [c for c in self.calibrations if c not in SEARCHED]
+        if unknown:
+            raise ValueError(f"search calibrations {unknown}; accepted: {', '.join(SEARCHED)}")
+        if self.calibrations and not self.labels:
+            raise ValueError("search calibrations shift label scores: they need a classification task's labels")
 
     @classmethod
     def from_config(cls, cfg, model, builder, compressor=None, progress=None) -> PromptSearch:
@@ -159,7 +179,8 @@ class PromptSearch(Selector):
         return cls(confirm=dense, screen=screen, budget=60.0 * cfg.search_minutes,
                    screen_queries=cfg.screen_queries, confirm_queries=cfg.confirm_queries,
                    order_candidates=cfg.order_candidates, labels=labels, screen_name=cfg.screen,
-                   seeds=dict(cfg.seeds), progress=progress)
+                   seeds=dict(cfg.seeds), progress=progress,
+                   calibrations=tuple(cfg.search_calibrations) if labels else ())
 
     def _say(self, line: str) -> None:
         if self.say is not None:
@@ -204,11 +225,22 @@ class PromptSearch(Selector):
         return out
 
     # -- evaluation ------------------------------------------------------------------------------
+    def _pair_losses(self, result: SubsetLosses, queries) -> list[dict[str, float]] | None:
+        """Per subset of ``result``: {calibration: its loss} (None without calibrations)."""
+        if not self.calibrations:
+            return None
+        if result.query_scores is None:
+            raise ValueError("search calibrations need an evaluator that reads label scores")
+        gold = gold_indices(self.labels, queries)
+        table = {c: calibrated_losses(result.query_scores, gold, c) for c in self.calibrations}
+        return [{c: float(table[c][i]) for c in self.calibrations} for i in range(len(result.losses))]
+
     def _screen(self, pool, queries, arms: list[Arm]) -> SubsetLosses:
         result = self.screen.evaluate(pool, queries, [a.prompt for a in arms])
         self._spent.append(result.cost)
-        for a, loss in zip(arms, result.losses, strict=True):
-            a.screen_loss = float(loss)
+        pairs = self._pair_losses(result, queries)
+        for i, (a, loss) in enumerate(zip(arms, result.losses, strict=True)):
+            a.screen_loss = float(loss) if pairs is None else min(pairs[i].values())
         if self.progress is not None:
             self.progress(len(arms))
         return result
@@ -216,8 +248,13 @@ class PromptSearch(Selector):
     def _confirm(self, pool, validation, arms: list[Arm], queries: int) -> None:
         result = self.confirm.evaluate(pool, validation[:queries], [a.prompt for a in arms])
         self._spent.append(result.cost)
-        for a, loss in zip(arms, result.losses, strict=True):
-            a.confirm[queries] = float(loss)
+        pairs = self._pair_losses(result, validation[:queries])
+        for i, (a, loss) in enumerate(zip(arms, result.losses, strict=True)):
+            if pairs is None:
+                a.confirm[queries] = float(loss)
+            else:
+                a.pairs[queries] = pairs[i]
+                a.confirm[queries] = min(pairs[i].values())
         if self.progress is not None:
             self.progress(len(arms))
 
@@ -399,6 +436,8 @@ class PromptSearch(Selector):
         if orders >= 2:
             labels_of = [pool_labels[i] for i in winner.prompt]
             order_ev = self.order or self.confirm
+            if self.calibrations:  # the survivor's orders scored as it will answer: with its calibration
+                order_ev = CalibratedEvaluator(order_ev, winner.calibration(top_q), self.labels)
             indices, order_log = search_order(order_ev, pool, validation[:top_q], winner.prompt, labels_of, orders,
                                               rng)
             order_log["winner_loss"] = winner.confirm.get(top_q)
@@ -421,7 +460,9 @@ class PromptSearch(Selector):
             "screen_vs_confirm_spearman": screen_vs_confirm, "rungs": rung_log, "stopped": stopped,
             "slower_than_pilot": slower,
             "winner_source": winner.source, "winner_confirm_loss": winner.confirm.get(top_q),
-            "order_search": order_log,
+            "order_search": order_log, "calibrations": list(self.calibrations),
+            "calibration": winner.calibration(top_q) if self.calibrations else None,
+            "calibration_losses": winner.pairs.get(top_q),
         }
         return Selection(self.name, indices, np.asarray(scores, dtype=np.float64), sum(self._spent, Cost()),
                          subsets=len(arms), details=details)
