@@ -44,11 +44,11 @@ from typing import Any
 
 import numpy as np
 
+from icl_ssm.calibrate import NONE
 from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.stats import spearman
 from icl_ssm.select.affinity import search_order
-from icl_ssm.calibrate import NONE
 from icl_ssm.select.base import (
     Selection,
     Selector,
