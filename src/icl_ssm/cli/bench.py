@@ -312,6 +312,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the control arm's compressor per task (default: the one shipped for the task and k)")
     p.add_argument("--out", default="runs/search", help="runs.jsonl (a line per finished run), search.json, search.md")
     p.set_defaults(func=_run_search)
+    p = kinds.add_parser(
+        "calibrate",
+        help="calibrate, then select? raw search, calibrated search and calibrated random / retrieval / zero-shot "
+             "prompts at their own wall time, under a rule fixed before the runs",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--tasks", nargs="+", default=["rotten_tomatoes", "cr"])
+    p.add_argument("--seeds", type=int, nargs="+", default=[20, 21, 22])
+    p.add_argument("--budgets", type=float, nargs="+", default=[0.5, 2.0], help="minutes per search arm")
+    p.add_argument("--arms", nargs="+", default=None, help="default: all")
+    p.add_argument("--test-size", type=int, default=400)
+    p.add_argument("--model", default=RunConfig.model)
+    p.add_argument("--k", type=int, default=RunConfig.k)
+    p.add_argument("--out", default="runs/calibrate",
+                   help="runs.jsonl (a line per finished run), calibrate.json, calibrate.md")
+    p.set_defaults(func=_run_calibrate)
     from icl_ssm.bench.answer import add_parser as add_answer
 
     add_answer(kinds)
@@ -379,6 +395,16 @@ def _run_search(args: argparse.Namespace) -> int:
                                   parse_also(args.control, "--control"))
     result = run_search_bench(args.tasks, args.seeds, args.budgets, args.out, model_name=args.model, k=args.k,
                               arms=args.arms, test_size=args.test_size, compressors=compressors, say=say)
+    print(json.dumps(result["summary"]["decision"]))
+    return 0
+
+
+def _run_calibrate(args: argparse.Namespace) -> int:
+    from icl_ssm.bench.calibrate_equal_time import ARMS, run_calibrate_bench
+    from icl_ssm.pipeline import say
+
+    result = run_calibrate_bench(args.tasks, args.seeds, args.budgets, args.out, model_name=args.model, k=args.k,
+                                 arms=args.arms or ARMS, test_size=args.test_size, say=say)
     print(json.dumps(result["summary"]["decision"]))
     return 0
 
