@@ -205,3 +205,38 @@ def test_the_search_screens_nothing_by_default_and_auto_follows_the_verdict(scre
     assert DEFAULT_SCREEN == "none" and SelectConfig().screen == DEFAULT_SCREEN
     if screen is None:
         assert "search: no screen" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("calibrate", ["search", "batch"])
+def test_calibrate_hands_the_prompt_over_with_its_calibration_beside_calibrated_alternatives(
+        data, tmp_path, tmp_cache, capsys, calibrate):
+    """With --calibrate the search scores (prompt, calibration) pairs, the check weighs calibrated
+    random prompts and zero-shot too, selection.json saves the handed-over prompt's calibration and
+    the report splits the gain over a raw random prompt into calibration and selection."""
+    out = tmp_path / "cal"
+    args = ["run", "--model", "tiny-llama", "--task", data, "--k", "3", "--out", str(out), "--pool-size", "24",
+            "--queries", "3", "--test-size", "6", "--check-size", "5", "--random-prompts", "3", "--methods",
+            "search", "random", "--search-minutes", "0.1", "--screen-queries", "4", "--confirm-queries", "8",
+            "--calibrate", calibrate]
+    assert main(args) == 0
+    capsys.readouterr()
+    report = json.loads((out / "report.json").read_text())
+    search = json.loads((out / "stages" / "select-search.json").read_text())["result"]
+    assert search["calibrations"] == (["none", "batch"] if calibrate == "search" else ["batch"])
+    assert search["calibration"] in search["calibrations"]
+    check = report["check"]
+    assert {"calibrated-random-0", "calibrated-random-2", "calibrated-zero-shot"} <= set(check["prompts"])
+    assert all(r["calibration"].startswith("batch") for n, r in check["prompts"].items() if n.startswith("calib"))
+    cal = check["calibrated"]
+    assert cal["gain_over_random_raw"] == pytest.approx(cal["from_calibration"] + cal["from_selection"])
+    assert all("calibrated_test_accuracy" in r for r in check["random"])
+    handed = report["handed_over"]
+    selection = json.loads((out / "selection.json").read_text())
+    assert selection["calibration"] == handed["calibration"]
+    if handed["name"] == "search":
+        expected = search["calibration"]
+        assert (selection["calibration"] or {"method": "none"})["method"] == expected
+    assert handed["test_accuracy"] == cal["handed"] and "raw_test_accuracy" in handed
+    md = (out / "report.md").read_text()
+    opening = md.split("\n## ")[0]
+    assert "You get: " in opening and "calibration earns" in opening and "selection " in opening

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from icl_ssm import atomic
+from icl_ssm.calibrate import Calibration, no_calibration
 from icl_ssm.compress.compressor import load_compressor
 from icl_ssm.compress.pretrained import find_pretrained
 from icl_ssm.data.splits import Splits, label_warning, split
@@ -43,8 +44,8 @@ from icl_ssm.evaluate.verdict import VERDICT_EVALUATORS, failed_checks, fidelity
 from icl_ssm.lm.models import DEFAULT_MODEL, load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.base import SELECTORS
-from icl_ssm.select.check import ZERO_SHOT, check_prompts, hand_over
-from icl_ssm.select.evaluate import evaluate_selection
+from icl_ssm.select.check import CALIBRATED, ZERO_SHOT, check_prompts, hand_over
+from icl_ssm.select.evaluate import calibrate_prompt, evaluate_calibrated, evaluate_selection
 from icl_ssm.select.evaluators import RELIABILITY_TARGET
 from icl_ssm.select.run import EVALUATED, SelectConfig, select_demonstrations, selected_rows
 from icl_ssm.select.selected import SelectedPrompt, compressor_fidelity, pool_spec
@@ -54,6 +55,10 @@ SEARCH_SCREENS = ("auto", "compressed", "dense", "none")  # auto: compressed unl
 # the default screen, chosen by the pre-registered equal-time experiment's rule (``bench search``):
 # no screen was shown to beat random search over whole prompts (docs/research/prompt-search.md)
 DEFAULT_SCREEN = "none"
+# how the prompt handed over is calibrated: "search" pairs every searched prompt with none and batch
+# calibration and hands the winner over with its own; "batch" calibrates every pick; "none" answers raw
+CALIBRATE = ("search", "batch", "none")
+DEFAULT_CALIBRATE = "none"
 _RECIPE = DistillConfig()  # the compressor shape distilled when none is shipped: the measured recipe's
 
 
@@ -99,6 +104,7 @@ class RunConfig:
     check_size: int = 128  # held-out validation examples the check scores every prompt on
     random_prompts: int = 8  # random k-prompts the chosen prompt is checked against
     keep_selection: bool = False  # hand over the method's pick even when it does not beat random prompts
+    calibrate: str = DEFAULT_CALIBRATE  # CALIBRATE: the label-score calibration selected and handed over
     fidelity_subsets: int = 30
     fidelity_queries: int = 4
     batch: int = 8
@@ -117,6 +123,8 @@ class RunConfig:
             raise ValueError(f"--evaluator {self.evaluator!r}; accepted: {', '.join(VERDICT_EVALUATORS)}")
         if not 0 <= self.max_accuracy_drop < 1:
             raise ValueError(f"--max-accuracy-drop {self.max_accuracy_drop}: expected a share in [0, 1)")
+        if self.calibrate not in CALIBRATE:
+            raise ValueError(f"--calibrate {self.calibrate!r}; accepted: {', '.join(CALIBRATE)}")
         if self.screen not in SEARCH_SCREENS:
             raise ValueError(f"--screen {self.screen!r}; accepted: {', '.join(SEARCH_SCREENS)}")
         if not self.search_minutes > 0:
@@ -319,9 +327,10 @@ def search_config(cfg: RunConfig, base: SelectConfig, verdict: dict, selections:
             "this in the pre-registered experiment; --screen auto screens on compressed caches that pass the "
             "fidelity verdict)")
     seeds = {name: list(s["indices"]) for name, s in selections.items() if s.get("indices")}
+    calibrations = {"search": ("none", "batch"), "batch": ("batch",), "none": ()}[cfg.calibrate]
     return replace(base, method="search", screen=screen, search_minutes=cfg.search_minutes,
                    screen_queries=cfg.screen_queries, confirm_queries=cfg.confirm_queries, seeds=seeds,
-                   test_orders=cfg.test_orders)
+                   test_orders=cfg.test_orders, search_calibrations=calibrations)
 
 
 def equal_cost_stage(cfg: RunConfig, stages: Stages, base: SelectConfig, dense: dict, splits: Splits, model,
@@ -378,6 +387,30 @@ def choose_evaluator(cfg: RunConfig, fidelity: dict | None) -> dict:
     return verdict
 
 
+def _calibration(cfg: RunConfig, selection: dict, model, builder: PromptBuilder, demos, inputs):
+    """A pick's calibration, estimated on ``inputs``: the search's winner keeps the calibration it
+    won with (with ``--calibrate search``); every other pick is batch-calibrated."""
+    method = selection.get("calibration") if selection.get("calibrations") else "batch"
+    method = method or "none"
+    return None if method == "none" else calibrate_prompt(model, builder, demos, method, inputs,
+                                                          query_batch=cfg.query_batch)
+
+
+def calibration_summary(handed: dict, randoms: list[dict], zero: dict, test_size: int) -> dict:
+    """What calibration and selection each earned on the test split: the handed-over prompt raw and
+    as handed over, the median random prompt raw and batch-calibrated, zero-shot raw and
+    calibrated, and the gain over the median raw random prompt split into calibration (the median
+    calibrated minus the median raw random prompt) and selection (the handed-over prompt minus the
+    median calibrated random prompt)."""
+    raw = float(np.median([r["test_accuracy"] for r in randoms]))
+    cal = float(np.median([r["calibrated_test_accuracy"] for r in randoms]))
+    return {"test_size": test_size, "random_prompts": len(randoms), "handed": handed["test_accuracy"],
+            "handed_raw": handed["raw_test_accuracy"], "random_median_raw": raw, "random_median_calibrated": cal,
+            "zero_shot_raw": zero["raw_accuracy"], "zero_shot_calibrated": zero["accuracy"],
+            "gain_over_random_raw": handed["test_accuracy"] - raw, "from_calibration": cal - raw,
+            "from_selection": handed["test_accuracy"] - cal}
+
+
 def preferred_pick(selections: dict[str, dict]) -> str:
     """The stage whose pick the check judges: the search, else affinity, else the first run."""
     return next((m for m in ("search", "affinity") if m in selections), next(iter(selections)))
@@ -394,7 +427,7 @@ def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], spl
     # the search screened and confirmed the other picks already: only its own is checked beside random prompts
     names = [preferred] if preferred == "search" else list(selections)
     candidates = {name: selections[name]["indices"] for name in names}
-    key = _key([candidates, asdict(cfg), "check-v2"])
+    key = _key([candidates, asdict(cfg), "check-v3"])
     done = stages.get("check", key)
     if done is not None:
         say("check: done before, skipped")
@@ -413,15 +446,35 @@ def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], spl
         say(f"warning: only {len(held_out)} validation examples are left for the check (--check-size "
             f"{cfg.check_size}); it can tell only large differences apart")
     labels = [e.target for e in splits.pool] if cfg.per_label else None
+    calibrate = cfg.calibrate != "none" and task.kind == "classification"
+    read = splits.validation[:start]  # a calibration's inputs: those selection read (labels unread)
+    calibrations = {name: _calibration(cfg, selections[name], model, builder, [splits.pool[i] for i in ix], read)
+                    for name, ix in candidates.items()} if calibrate else {}
     result = check_prompts(model, builder, splits.pool, held_out, candidates, cfg.k,
                            np.random.default_rng([cfg.seed, 1]), random_count=cfg.random_prompts,
-                           query_batch=cfg.query_batch, labels=labels, order=cfg.order)
+                           query_batch=cfg.query_batch, labels=labels, order=cfg.order, calibrations=calibrations,
+                           calibrated_alternatives=calibrate)
     handed = hand_over(result, preferred, keep=cfg.keep_selection)
     for row in result["random"]:  # the spread a user meets without selection, on the test split
-        row["test_accuracy"] = evaluate_selection(model, builder, [splits.pool[i] for i in row["indices"]], test,
-                                                  query_batch=cfg.query_batch)["accuracy"]
+        demos = [splits.pool[i] for i in row["indices"]]
+        if calibrate:  # raw, and batch-calibrated on the test inputs (what calibrating a random prompt gives)
+            scored = evaluate_calibrated(model, builder, demos, test, query_batch=cfg.query_batch)
+            row["test_accuracy"], row["calibrated_test_accuracy"] = scored["raw_accuracy"], scored["accuracy"]
+        else:
+            row["test_accuracy"] = evaluate_selection(model, builder, demos, test,
+                                                      query_batch=cfg.query_batch)["accuracy"]
     name = handed["name"]
-    if name in selections:
+    if calibrate:
+        chosen = calibrations.get(name)
+        if name.startswith(CALIBRATED):  # a calibrated random prompt or zero-shot: its bias on the inputs read
+            chosen = calibrate_prompt(model, builder, [splits.pool[i] for i in handed["indices"]], "batch", read)
+        handed["calibration"] = None if chosen is None else chosen.to_dict()
+        scored = evaluate_calibrated(model, builder, [splits.pool[i] for i in handed["indices"]], test,
+                                     chosen or no_calibration(task.labels), query_batch=cfg.query_batch)
+        handed["test_accuracy"], handed["raw_test_accuracy"] = scored["accuracy"], scored["raw_accuracy"]
+        zero_cal = evaluate_calibrated(model, builder, [], test, query_batch=cfg.query_batch)
+        result["calibrated"] = calibration_summary(handed, result["random"], zero_cal, len(test))
+    elif name in selections:
         handed["test_accuracy"] = selections[name]["test_accuracy"]
     elif name == ZERO_SHOT:
         handed["test_accuracy"] = zero
@@ -462,7 +515,9 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict | None, 
                      min_validation=held_out_start(cfg) + cfg.check_size)
     handed_over = SelectedPrompt.from_pool(pool, handed["indices"], model=cfg.model, task=task, method=handed["name"],
                                            task_options=cfg.task_options, pool_made=made, compressor=comp["compressor"],
-                                           fidelity=compressor_fidelity(comp["compressor"], verdict))
+                                           fidelity=compressor_fidelity(comp["compressor"], verdict),
+                                           calibration=Calibration.from_dict(handed["calibration"])
+                                           if handed.get("calibration") else None)
     handed_over.save(out)  # selection.json: what icl-ssm answer loads
     builder = PromptBuilder.for_model(model, tokenizer, task)
     atomic.write_text(out / "prompt.txt", builder.build_prefix([pool[i] for i in handed["indices"]]).text)

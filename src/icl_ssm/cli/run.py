@@ -8,8 +8,8 @@ from pathlib import Path
 
 from icl_ssm.cli.options import add_budget_flags, add_recipe_flag, add_search_flags, add_target, task_options
 from icl_ssm.evaluate.verdict import VERDICT_EVALUATORS
-from icl_ssm.pipeline import SEARCH_SCREENS, RunConfig, run_pipeline, say
-from icl_ssm.report.markdown import check_lines, verdict_lines
+from icl_ssm.pipeline import CALIBRATE, SEARCH_SCREENS, RunConfig, run_pipeline, say
+from icl_ssm.report.markdown import calibration_lines, check_lines, verdict_lines
 from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.run import ORDERS, apply_recipe, given_flags
 
@@ -20,7 +20,7 @@ def _main(args: argparse.Namespace) -> int:
     cfg = apply_recipe(cfg, args.recipe, given_flags(getattr(args, "argv", None)))
     cfg.methods = tuple(cfg.methods)
     report = run_pipeline(cfg, args.out)
-    for line in verdict_lines(report) + check_lines(report):
+    for line in calibration_lines(report) + verdict_lines(report) + check_lines(report):
         say(line)
     say(f"prompt: {Path(args.out) / 'prompt.txt'}; report: {Path(args.out) / 'report.md'}")
     print(Path(args.out) / "report.md")
@@ -78,6 +78,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "checked on before a prompt is handed over")
     p.add_argument("--random-prompts", type=int, default=d.random_prompts,
                    help="random prompts of the same size the pick is checked against")
+    p.add_argument("--calibrate", default=d.calibrate, choices=CALIBRATE,
+                   help="the label-score calibration selected with the prompt and saved in selection.json: search "
+                        "(every searched prompt scored raw and batch-calibrated, the better pair kept; other picks "
+                        "batch-calibrated), batch (every pick batch-calibrated) or none (raw answers); with either "
+                        "of the first two the check also weighs calibrated random prompts and zero-shot")
     p.add_argument("--keep-selection", action="store_true",
                    help="hand over the search's (else affinity's) pick even when another checked prompt beats it")
     p.add_argument("--fidelity-subsets", type=int, default=d.fidelity_subsets)

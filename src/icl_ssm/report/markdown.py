@@ -1,5 +1,5 @@
 """The report in words: ``report.md`` (:func:`_markdown`) and the lines the CLI prints beside it
-(:func:`check_lines`, :func:`verdict_lines`, :func:`search_lines`), with the tables of the
+(:func:`calibration_lines`, :func:`check_lines`, :func:`verdict_lines`, :func:`search_lines`), with the tables of the
 selection methods, the checked prompts and the fidelity of the compressed cache."""
 
 from __future__ import annotations
@@ -89,6 +89,30 @@ def verdict_lines(report: dict) -> list[str]:
     elif evaluator != verdict or str(v.get("reason") or "").startswith("--evaluator"):
         lines.append(f"Affinity evaluator: {evaluator}, because {v.get('reason') or 'it was asked for'}.")
     return lines
+
+
+def calibration_lines(report: dict) -> list[str]:
+    """What the user gets and what earned it, first (for the CLI and report.md): the handed-over
+    prompt's test accuracy as it answers (with its calibration) and raw, beside zero-shot and the
+    median random prompt, each raw and calibrated on the same test examples; then the gain over the
+    median raw random prompt split into what calibration earned and what selection added."""
+    cal = (report.get("check") or {}).get("calibrated")
+    if not cal:
+        return []
+    handed = _handed(report)
+    n = cal["test_size"]
+    method = (handed.get("calibration") or {}).get("method")
+    how = f"{method}-calibrated" if method else "raw (no calibration was better)"
+    pts = lambda x: f"{100 * x:+.1f}"  # noqa: E731  # points
+    return [f"You get: {_title(report, handed.get('name'))}, {how}: test accuracy {_acc_ci(cal['handed'], n)} on "
+            f"{n} test examples ({cal['handed_raw']:.3f} raw). On the same examples: zero-shot "
+            f"{cal['zero_shot_raw']:.3f} raw, {cal['zero_shot_calibrated']:.3f} batch-calibrated; the median of "
+            f"{cal['random_prompts']} random prompts {cal['random_median_raw']:.3f} raw, "
+            f"{cal['random_median_calibrated']:.3f} batch-calibrated on the test inputs.",
+            f"Of the {pts(cal['gain_over_random_raw'])} points over the median raw random prompt, calibration earns "
+            f"{pts(cal['from_calibration'])} (the median calibrated minus the median raw random prompt) and "
+            f"selection {pts(cal['from_selection'])} (the prompt handed over minus the median calibrated random "
+            "prompt); one order of each prompt, one seed."]
 
 
 def check_lines(report: dict) -> list[str]:
@@ -331,6 +355,7 @@ def _prompts_md(report: dict) -> list[str]:
 def _markdown(report: dict, plots: dict[str, str]) -> str:
     r = report
     lines = [f"# {_cell(r.get('model'))} on {_cell(r.get('task'))}, k={_cell(r.get('k'))}", ""]
+    lines += calibration_lines(r) + [""] if calibration_lines(r) else []
     lines += check_lines(r) + [""] if check_lines(r) else []
     lines += verdict_lines(r) + [""] if verdict_lines(r) else []
     lines += [f"Seed {_cell(r.get('seed'))}.", "", "## Demonstration selection", ""]

@@ -26,7 +26,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
+from icl_ssm.calibrate import Calibration
 from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.stats import paired_bootstrap, simultaneous_lower_bounds, wilson_interval
 from icl_ssm.lm.prompts import PromptBuilder
@@ -35,6 +37,7 @@ from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.sampling import stratified_subsets
 
 ZERO_SHOT = "zero-shot"
+CALIBRATED = "calibrated-"  # the prefix of a random or zero-shot prompt checked batch-calibrated
 LEVEL = 0.975  # the simultaneous one-sided coverage a replacement needs (research/handover_simulation.py)
 
 
@@ -62,27 +65,66 @@ def random_prompts(pool_size: int, k: int, count: int, rng: np.random.Generator,
 def check_prompts(model: Any, builder: PromptBuilder, pool: Sequence[Example], check: Sequence[Example],
                   candidates: dict[str, Sequence[int]], k: int, rng: np.random.Generator, *,
                   random_count: int = 16, query_batch: int = 32, labels: Sequence[str] | None = None,
-                  order: str = "random") -> dict[str, Any]:
+                  order: str = "random", calibrations: dict[str, Calibration | None] | None = None,
+                  calibrated_alternatives: bool = False) -> dict[str, Any]:
     """Score each candidate prompt (name -> pool indices in prompt order), the zero-shot prompt
     and ``random_count`` random ``k``-prompts (drawn by :func:`random_prompts` with ``labels``
     and ``order``) on the ``check`` examples with the real, dense prompt.
 
+    ``calibrations``: a candidate's calibration (name -> :class:`~icl_ssm.calibrate.Calibration`),
+    applied to its answers, as it will answer. ``calibrated_alternatives`` (classification): every
+    random prompt and zero-shot is also checked batch-calibrated, its bias the mean label
+    log-probability over the check inputs (labels unread), as rows ``calibrated-random-i`` and
+    ``calibrated-zero-shot`` among the named prompts, so that a calibrated random prompt can be
+    handed over in place of the pick.
+
     Returns ``{"check_size", "random": [row...], "random_mean", "random_median",
     "random_interval", "prompts": {name: row}}`` (:func:`compare_prompts`); every row holds
-    ``indices``, ``accuracy``, its Wilson ``interval`` and ``correct`` (0/1 per example)."""
+    ``indices``, ``accuracy``, its Wilson ``interval``, ``correct`` (0/1 per example) and its
+    ``calibration`` (a method name, or None for raw answers)."""
     if not check:
         raise ValueError("no check examples: the validation split holds nothing that selection did not use")
     if random_count < 1:
         raise ValueError(f"random_count={random_count}: expected >= 1 random prompts")
+    calibrations = calibrations or {}
+    classification = builder.task.kind == "classification"
+    gold = np.array([builder.label_index(e) for e in check]) if classification else None
 
-    def score(indices: Sequence[int]) -> dict[str, Any]:
+    def score(indices: Sequence[int], calibration: Calibration | None = None) -> list[dict[str, Any]]:
         res = evaluate_selection(model, builder, [pool[i] for i in indices], check, per_query=True,
                                  query_batch=query_batch)
-        return {"indices": list(indices), "correct": [int(c) for c in res["correct"]]}
+        rows = [{"indices": list(indices), "correct": [int(c) for c in res["correct"]], "calibration": None}]
+        if classification and calibration is not None and not calibration.is_none:
+            rows[0] = _calibrated_row(indices, res["scores"], gold, calibration)
+        if classification and calibrated_alternatives:
+            rows.append(_calibrated_row(indices, res["scores"], gold, None))
+        return rows
 
-    randoms = [score(ix) for ix in random_prompts(len(pool), k, random_count, rng, labels=labels, order=order)]
-    prompts = {name: score(indices) for name, indices in {**candidates, ZERO_SHOT: []}.items()}
-    return compare_prompts(prompts, randoms)
+    randoms, shifted = [], {}
+    for i, ix in enumerate(random_prompts(len(pool), k, random_count, rng, labels=labels, order=order)):
+        rows = score(ix)
+        randoms.append(rows[0])
+        if len(rows) > 1:
+            shifted[f"{CALIBRATED}random-{i}"] = rows[1]
+    prompts = {name: score(indices, calibrations.get(name))[0] for name, indices in candidates.items()}
+    zero = score([])
+    prompts[ZERO_SHOT] = zero[0]
+    if len(zero) > 1:
+        shifted[CALIBRATED + ZERO_SHOT] = zero[1]
+    return compare_prompts({**prompts, **shifted}, randoms)
+
+
+def _calibrated_row(indices: Sequence[int], scores: list[list[float]], gold: np.ndarray,
+                    calibration: Calibration | None) -> dict[str, Any]:
+    """A check row answered after ``calibration`` (None: batch calibration on these inputs)."""
+    s = torch.tensor(scores, dtype=torch.float64)  # (n, L)
+    if calibration is None:
+        logp = torch.log_softmax(s, -1)
+        shifted, method = logp - logp.mean(0), "batch (on the check inputs)"
+    else:
+        shifted, method = calibration.apply(s), calibration.method
+    return {"indices": list(indices), "correct": (shifted.argmax(-1).numpy() == gold).astype(int).tolist(),
+            "calibration": method}
 
 
 def compare_prompts(prompts: dict[str, dict[str, Any]], randoms: Sequence[dict[str, Any]], *,

@@ -84,3 +84,24 @@ def calibrate_prompt(model: PreTrainedModel, builder: PromptBuilder, demos: Sequ
     return estimate(method, builder.task.labels, lambda inputs: prompt_scores(model, builder, demos, inputs,
                                                                                query_batch=query_batch),
                     examples, gold, rng=np.random.default_rng(seed))
+
+
+def evaluate_calibrated(model: PreTrainedModel, builder: PromptBuilder, demos: Sequence[Example],
+                        test: Sequence[Example], calibration: Calibration | None = None, *,
+                        query_batch: int = 32) -> dict[str, Any]:
+    """The dense prompt of ``demos`` on ``test`` (classification), raw and calibrated:
+    ``{"accuracy", "raw_accuracy", "correct", "raw_correct", "calibration"}``. ``calibration``: the
+    prompt's own (a :class:`~icl_ssm.calibrate.Calibration`, estimated elsewhere), or None for batch
+    calibration on the test inputs themselves (their labels unread), what a user who calibrates on
+    their own inputs gets."""
+    scores = prompt_scores(model, builder, demos, test, query_batch=query_batch).double()  # (n, L)
+    gold = torch.tensor([builder.label_index(e) for e in test])
+    if calibration is None:
+        logp = torch.log_softmax(scores, -1)
+        shifted, method = logp - logp.mean(0), "batch (on the test inputs)"
+    else:
+        shifted, method = calibration.apply(scores), calibration.method
+    raw = (scores.argmax(-1) == gold).int().tolist()
+    cal = (shifted.argmax(-1) == gold).int().tolist()
+    return {"accuracy": float(np.mean(cal)), "raw_accuracy": float(np.mean(raw)), "correct": cal, "raw_correct": raw,
+            "calibration": method}
