@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/claim_tables/, whether run or loaded by path
 from claim_tables.answering import answer_throughput
 from claim_tables.base import RESULTS, p_text, pending
+from claim_tables.calibration import CALIBRATE, calibrate_equal_time, calibration_headroom, label_lean
 from claim_tables.demo import demo, demo_time
 from claim_tables.fidelity import compressed_caches, distillation_fidelity, exact_share
 from claim_tables.paper import paper_artefacts
@@ -144,6 +145,9 @@ TABLES: dict[str, tuple[str, Callable[[Records], str]]] = {
     "scale-projected": ("docs/cost-at-scale.md", pending(scale_projected, SCALE_PROJECTED)),
     "scale-profile": ("docs/cost-at-scale.md", scale_profile),
     "run-costs": ("docs/cost-at-scale.md", pending(run_costs, SCALE_SMOLLM2, SCALE_CPU, SCALE_PROJECTED)),
+    "label-lean": ("docs/research/calibration.md", label_lean),
+    "calibration-headroom": ("docs/research/calibration.md", calibration_headroom),
+    "calibrate-equal-time": ("docs/research/calibration.md", pending(calibrate_equal_time, CALIBRATE)),
 }
 
 

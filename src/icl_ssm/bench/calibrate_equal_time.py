@@ -37,7 +37,7 @@ from icl_ssm.data.tasks import get_task
 from icl_ssm.evaluate.stats import paired_bootstrap
 from icl_ssm.lm.models import DEFAULT_MODEL, load_model
 from icl_ssm.lm.prompts import PromptBuilder
-from icl_ssm.provenance import environment
+from icl_ssm.provenance import environment, provenance
 from icl_ssm.select.base import SELECTORS
 from icl_ssm.select.calibrated import SEARCHED
 from icl_ssm.select.check import random_prompts
@@ -95,7 +95,8 @@ def run_arm(arm: str, model, builder: PromptBuilder, splits, validation, test, k
 def run_calibrate_bench(tasks: Sequence[str], seeds: Sequence[int], budgets: Sequence[float], out: str | Path, *,
                         model_name: str = DEFAULT_MODEL, k: int = 20, arms: Sequence[str] = ARMS,
                         pool_size: int = 100, test_size: int = 400, validation_size: int = 64,
-                        say: Callable[[str], None] = print) -> dict[str, Any]:
+                        say: Callable[[str], None] = print, command: str = "icl-ssm bench calibrate"
+                        ) -> dict[str, Any]:
     """Every (task, seed, arm) and, for a search arm, every budget. Each finished run is appended
     to ``out/runs.jsonl`` with its provenance (commit, date, torch threads, machine) and read back
     on a rerun; ``out/calibrate.json`` holds the runs and the summary (:func:`decide`)."""
@@ -127,9 +128,12 @@ def run_calibrate_bench(tasks: Sequence[str], seeds: Sequence[int], budgets: Seq
                         + f": test {row['test_accuracy']:.3f} (raw {row['raw_test_accuracy']:.3f}, "
                         f"calibration {row['calibration']['method']}, {row['wall_seconds']:.0f} s)")
     summary = decide(done)
-    atomic.write_json(out / "calibrate.json", {"runs": done, "summary": summary})
+    record = {"provenance": provenance(command), "config": {"tasks": list(tasks), "seeds": list(seeds),
+              "budgets": list(budgets), "model": model_name, "k": k, "arms": list(arms), "pool_size": pool_size,
+              "test_size": test_size, "validation_size": validation_size}, "runs": done, "summary": summary}
+    atomic.write_json(out / "calibrate.json", record)
     atomic.write_text(out / "calibrate.md", calibrate_markdown(summary))
-    return {"runs": done, "summary": summary}
+    return record
 
 
 def arm_name(run: dict[str, Any]) -> str:

@@ -403,8 +403,10 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     from icl_ssm.bench.calibrate_equal_time import ARMS, run_calibrate_bench
     from icl_ssm.pipeline import say
 
+    argv = getattr(args, "argv", None) or ["bench", "calibrate"]
     result = run_calibrate_bench(args.tasks, args.seeds, args.budgets, args.out, model_name=args.model, k=args.k,
-                                 arms=args.arms or ARMS, test_size=args.test_size, say=say)
+                                 arms=args.arms or ARMS, test_size=args.test_size, say=say,
+                                 command=" ".join(["icl-ssm", *argv]))
     print(json.dumps(result["summary"]["decision"]))
     return 0
 
