@@ -16,11 +16,11 @@ LAYERS = (
     ("icl_ssm.atomic", "icl_ssm.cost", "icl_ssm.provenance"),
     ("icl_ssm.data",),
     ("icl_ssm.lm",),
+    ("icl_ssm.calibrate",),  # a per-label bias on label scores
     ("icl_ssm.ssm",),
     ("icl_ssm.compress",),
     ("icl_ssm.distill",),
     ("icl_ssm.evaluate",),
-    ("icl_ssm.calibrate",),  # a per-label bias on label scores
     ("icl_ssm.select",),
     ("icl_ssm.apply",),  # a selection answered with and exported
     ("icl_ssm.report", "icl_ssm.bench", "icl_ssm.synthetic"),

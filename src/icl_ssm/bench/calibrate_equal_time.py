@@ -32,6 +32,7 @@ import torch
 
 from icl_ssm import atomic
 from icl_ssm.calibrate import NONE, Calibration, no_calibration
+from icl_ssm.calibrate.losses import SEARCHED
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
 from icl_ssm.evaluate.stats import paired_bootstrap
@@ -39,7 +40,6 @@ from icl_ssm.lm.models import DEFAULT_MODEL, load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.provenance import environment, provenance
 from icl_ssm.select.base import SELECTORS
-from icl_ssm.select.calibrated import SEARCHED
 from icl_ssm.select.check import random_prompts
 from icl_ssm.select.evaluate import calibrate_prompt, prompt_scores
 from icl_ssm.select.evaluators import CacheEvaluator

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from icl_ssm.calibrate import NONE
+from icl_ssm.calibrate.losses import SEARCHED
 from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.stats import spearman
@@ -58,7 +59,7 @@ from icl_ssm.select.base import (
     top_k_per_label,
     validate_selection_inputs,
 )
-from icl_ssm.select.calibrated import SEARCHED, CalibratedEvaluator, calibrated_losses, gold_indices
+from icl_ssm.select.calibrated import CalibratedEvaluator, calibrated_losses, gold_indices
 from icl_ssm.select.estimators import mean_affinity
 from icl_ssm.select.evaluators import SubsetEvaluator, SubsetLosses, concat, reliability, split_half
 from icl_ssm.select.sampling import balanced_subsets, label_quotas, stratified_subsets
