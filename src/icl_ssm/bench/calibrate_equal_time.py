@@ -108,6 +108,7 @@ def run_calibrate_bench(tasks: Sequence[str], seeds: Sequence[int], budgets: Seq
     done = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     have = {(r["budget"], r["task"], r["seed"], r["arm"]) for r in done}
     model, tokenizer = load_model(model_name)
+    made_by = environment()  # this process's code: read once, so a commit made while it runs is not claimed
     for task_name in tasks:
         task = get_task(task_name)
         builder = PromptBuilder.for_model(model, tokenizer, task)
@@ -120,7 +121,7 @@ def run_calibrate_bench(tasks: Sequence[str], seeds: Sequence[int], budgets: Seq
                         continue
                     row = run_arm(arm, model, builder, splits, validation, test, k, budget or 0.0, seed)
                     row |= {"budget": budget, "task": task_name, "seed": seed, "arm": arm,
-                            "test_ids": [e.id for e in test], "provenance": environment()}
+                            "test_ids": [e.id for e in test], "provenance": made_by}
                     with log.open("a") as f:
                         f.write(json.dumps(row) + "\n")
                     done.append(row)
@@ -128,7 +129,8 @@ def run_calibrate_bench(tasks: Sequence[str], seeds: Sequence[int], budgets: Seq
                         + f": test {row['test_accuracy']:.3f} (raw {row['raw_test_accuracy']:.3f}, "
                         f"calibration {row['calibration']['method']}, {row['wall_seconds']:.0f} s)")
     summary = decide(done)
-    record = {"provenance": provenance(command), "config": {"tasks": list(tasks), "seeds": list(seeds),
+    record = {"provenance": {**provenance(command), "commit": made_by["commit"]},
+              "config": {"tasks": list(tasks), "seeds": list(seeds),
               "budgets": list(budgets), "model": model_name, "k": k, "arms": list(arms), "pool_size": pool_size,
               "test_size": test_size, "validation_size": validation_size}, "runs": done, "summary": summary}
     atomic.write_json(out / "calibrate.json", record)
