@@ -53,9 +53,10 @@ def _run_headroom(args: argparse.Namespace) -> int:
     cfg.validate()
     if args.json_out:
         atomic.prepare_dir(Path(args.json_out).parent)
+    made_by = provenance(" ".join(["icl-ssm", *(getattr(args, "argv", None) or ["bench", "headroom"])]))  # at start
     model, tokenizer = load_model(args.model)
     result = calibration_headroom(cfg, model, tokenizer, log=log)
-    result["provenance"] = provenance(" ".join(["icl-ssm", *(getattr(args, "argv", None) or ["bench", "headroom"])]))
+    result["provenance"] = made_by
     if args.json_out:
         atomic.write_json(args.json_out, result)
     print(calibration_markdown(result))
