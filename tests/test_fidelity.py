@@ -512,6 +512,12 @@ def test_command_reports_every_metric_in_range(capsys, files):
         rho = out[f"{prefix}subset_loss_spearman_balanced"]
         assert math.isnan(spearman(d, x)) if rho is None else rho == pytest.approx(spearman(d, x), abs=1e-6)
     assert "ci95_balanced" in out["paired"]["compressed-window"]
+    calibrated = per["query_loss_calibrated"]  # the lean removed: batch calibration per subset over its queries
+    for name, prefix in (("compressed", ""), ("control", "control_"), ("window", "window_")):
+        x, d = np.asarray(calibrated[name]) @ w, np.asarray(calibrated["dense"]) @ w
+        rho = out[f"{prefix}subset_loss_spearman_calibrated"]
+        assert math.isnan(spearman(d, x)) if rho is None else rho == pytest.approx(spearman(d, x), abs=1e-6)
+    assert not np.allclose(calibrated["dense"], per["query_loss"]["dense"])  # nll raw vs calibrated cross-entropy
     dense = np.asarray(per["query_loss"]["dense"])
     assert out["dense_split_half_spearman"] == pytest.approx(spearman(dense[:, ::2].mean(1), dense[:, 1::2].mean(1)))
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from icl_ssm.calibrate.losses import calibrated_query_losses
 from icl_ssm.compress.compressor import load_compressor
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
@@ -54,6 +55,8 @@ _OTHER_KEYS = {
     "subset_loss_spearman_ci95_queries": "subset_loss_spearman_ci95_queries",
     "subset_loss_spearman_balanced": "subset_loss_spearman_balanced",
     "subset_loss_spearman_balanced_ci95_queries": "subset_loss_spearman_balanced_ci95_queries",
+    "subset_loss_spearman_calibrated": "subset_loss_spearman_calibrated",
+    "subset_loss_spearman_calibrated_ci95_queries": "subset_loss_spearman_calibrated_ci95_queries",
     "subset_loss_pearson": "subset_loss_pearson", "compressed_subset_loss_mean": "subset_loss_mean",
     "flops_compressed": "flops", "seconds_compressed": "seconds",
 }  # fmt: skip
@@ -189,6 +192,11 @@ def run_fidelity(
         "query_labels": labels,  # each query's gold label index (None for generative tasks)
         "query_loss": {name: [[finite_or_none(v) for v in row] for row in results[name][0].loss] for name in results},
     }
+    if labels is not None and all(ev.scores is not None for ev, _ in results.values()):
+        # the same with the label lean removed (batch calibration per subset), where every path kept its scores
+        report["per_subset"]["query_loss_calibrated"] = {
+            name: [[finite_or_none(v) for v in row] for row in calibrated_query_losses(
+                ev.scores.double().numpy(), np.asarray(labels), "batch")] for name, (ev, _) in results.items()}
     report["config"] = asdict(config)
     return report
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from transformers import PreTrainedModel
 
+from icl_ssm.calibrate.losses import calibrated_query_losses
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import Example, get_task
 from icl_ssm.evaluate.answers import LogitAgreement, PrefixEval, logit_agreement
@@ -86,6 +87,8 @@ def fidelity_report(
         "seconds_dense": dense.cost.seconds / S,
         "seconds_compressed": other.cost.seconds / S,
     }
+    if labels is not None and dense.scores is not None and other.scores is not None:
+        out.update(calibrated_ranking(dense.scores.double().numpy(), other.scores.double().numpy(), labels))
     if labels is not None:
         w = label_weights(labels)
         out["subset_loss_spearman_balanced"] = finite_or_none(spearman(dense.loss.double().numpy() @ w,
@@ -93,6 +96,23 @@ def fidelity_report(
         out["subset_loss_spearman_balanced_ci95_queries"] = [finite_or_none(v) for v in interval(balanced)]
         out["dense_split_half_spearman_balanced"] = finite_or_none(split_half_spearman(dense.loss, labels))
     return out
+
+
+def calibrated_ranking(dense_scores: np.ndarray, other_scores: np.ndarray, labels: Sequence[int]) -> dict:
+    """The subset ranking with the label lean removed: both paths' label scores ``(S, Q, L)``
+    batch-calibrated per subset over its queries (:func:`~icl_ssm.calibrate.losses.calibrated_query_losses`),
+    the label-balanced cross-entropy over the label set ranked against the dense path's
+    (``subset_loss_spearman_calibrated``, with ``..._ci95_queries``: subsets and queries resampled,
+    each subset's bias kept as estimated on all its queries) and the dense path's split-half
+    (``dense_split_half_spearman_calibrated``)."""
+    gold = np.asarray(labels)
+    d = calibrated_query_losses(dense_scores, gold, "batch")
+    o = calibrated_query_losses(other_scores, gold, "batch")
+    w = label_weights(gold)
+    draws = bootstrap_spearman(d, {"other": o}, labels=gold)["other"] if d.shape[0] >= 3 else np.array([math.nan])
+    return {"subset_loss_spearman_calibrated": finite_or_none(spearman(d @ w, o @ w)),
+            "subset_loss_spearman_calibrated_ci95_queries": [finite_or_none(v) for v in interval(draws)],
+            "dense_split_half_spearman_calibrated": finite_or_none(split_half_spearman(d, gold))}
 
 
 @dataclass
