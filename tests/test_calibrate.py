@@ -144,3 +144,24 @@ def test_the_prompt_best_on_validation_and_the_spread_are_read_from_the_grids():
     assert s["validation_test_spearman"] == pytest.approx(1.0)
     assert s["min"] == pytest.approx(1 / 6) and s["max"] == pytest.approx(5 / 6)
     assert s["best_minus_median"]["mean"] == pytest.approx(2 / 6)
+
+
+def test_headroom_reads_whether_validation_ranks_calibrated_prompts():
+    from icl_ssm.select.headroom import can_add, headroom_summary
+
+    rng = np.random.default_rng(0)
+    gold = np.arange(64) % 2
+    # prompts that differ in how well they separate the labels (a lean on top): a ranking validation can carry
+    strength = np.linspace(0.2, 3.0, 8)
+    margin = (2 * gold - 1)[None] * strength[:, None] + 2.0 + rng.normal(0, 1.0, (8, 64))
+    scores = np.stack([np.zeros_like(margin), margin], -1)
+    s = headroom_summary(scores, gold)
+    assert s["reliability"] > 0.8 and s["calibrated_spread"] > 0.05
+    assert np.mean(s["raw_accuracy"]) < np.mean(s["calibrated_accuracy"])  # the lean cost the raw answers
+    assert can_add({**s, "queries": 64})[0]
+    # prompts that differ only in their lean: once it is out, validation has nothing to rank
+    same = (2 * gold - 1)[None] * 1.0 + np.linspace(-2, 2, 8)[:, None] + rng.normal(0, 1.0, (8, 64))
+    flat = headroom_summary(np.stack([np.zeros_like(same), same], -1), gold)
+    assert flat["reliability"] < 0.5 and not can_add({**flat, "queries": 64})[0]
+    assert "selection is not shown to add anything measurable beyond calibration" in can_add({**flat,
+                                                                                             "queries": 64})[1]

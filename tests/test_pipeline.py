@@ -240,3 +240,36 @@ def test_calibrate_hands_the_prompt_over_with_its_calibration_beside_calibrated_
     md = (out / "report.md").read_text()
     opening = md.split("\n## ")[0]
     assert "You get: " in opening and "calibration earns" in opening and "selection " in opening
+
+
+def test_where_validation_cannot_rank_calibrated_prompts_run_hands_one_over_without_a_search(
+        data, tmp_path, tmp_cache, capsys, monkeypatch):
+    """The headroom rule (select/headroom.py) decides whether the search runs: forced to find no
+    headroom, run skips the search and hands over a calibrated random prompt, and says why; with
+    --no-headroom it searches."""
+    import icl_ssm.pipeline as pipeline
+
+    out = tmp_path / "quick"
+    args = ["run", "--model", "tiny-llama", "--task", data, "--k", "3", "--out", str(out), "--pool-size", "24",
+            "--queries", "3", "--test-size", "6", "--check-size", "5", "--random-prompts", "3", "--methods",
+            "search", "random", "--search-minutes", "0.1", "--screen-queries", "4", "--confirm-queries", "8",
+            "--calibrate", "search"]
+    monkeypatch.setattr(pipeline, "can_add", lambda room: pipeline_can_add(room, 2.0))  # no reliability reaches 2
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "selection is not shown to add anything measurable beyond calibration" in err
+    report = json.loads((out / "report.json").read_text())
+    assert "search" not in report["picks"] and report["preferred"] == "calibrated-random"
+    assert report["headroom"]["search"] is False and len(report["headroom"]["prompts"]) == 8
+    assert report["picks"]["calibrated-random"] == report["headroom"]["prompts"][0]
+    assert "Headroom after calibration: " in (out / "report.md").read_text()
+    if report["handed_over"]["name"] == "calibrated-random":
+        assert json.loads((out / "selection.json").read_text())["calibration"]["method"] == "batch"
+    assert main([*args, "--no-headroom", "--out", str(tmp_path / "searched")]) == 0
+    assert "search" in json.loads((tmp_path / "searched" / "report.json").read_text())["picks"]
+
+
+def pipeline_can_add(room, minimum):
+    from icl_ssm.select.headroom import can_add
+
+    return can_add(room, minimum)

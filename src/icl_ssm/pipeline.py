@@ -47,6 +47,7 @@ from icl_ssm.select.base import SELECTORS
 from icl_ssm.select.check import CALIBRATED, ZERO_SHOT, check_prompts, hand_over
 from icl_ssm.select.evaluate import calibrate_prompt, evaluate_calibrated, evaluate_selection
 from icl_ssm.select.evaluators import RELIABILITY_TARGET
+from icl_ssm.select.headroom import HEADROOM_PROMPTS, MIN_RELIABILITY, can_add, measure_headroom
 from icl_ssm.select.run import EVALUATED, SelectConfig, select_demonstrations, selected_rows
 from icl_ssm.select.selected import SelectedPrompt, compressor_fidelity, pool_spec
 
@@ -59,6 +60,7 @@ DEFAULT_SCREEN = "none"
 # calibration and hands the winner over with its own; "batch" calibrates every pick; "none" answers raw
 CALIBRATE = ("search", "batch", "none")
 DEFAULT_CALIBRATE = "none"
+QUICK = "calibrated-random"  # the prompt handed over without a search where the headroom says none can add
 _RECIPE = DistillConfig()  # the compressor shape distilled when none is shipped: the measured recipe's
 
 
@@ -105,6 +107,7 @@ class RunConfig:
     random_prompts: int = 8  # random k-prompts the chosen prompt is checked against
     keep_selection: bool = False  # hand over the method's pick even when it does not beat random prompts
     calibrate: str = DEFAULT_CALIBRATE  # CALIBRATE: the label-score calibration selected and handed over
+    headroom: bool = True  # with a calibration: search only where validation can rank calibrated prompts
     fidelity_subsets: int = 30
     fidelity_queries: int = 4
     batch: int = 8
@@ -258,7 +261,10 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
         at = next(i for i, (m, _) in enumerate(runs) if m == "affinity") + 1
         runs.insert(at, ("affinity-dense", replace(base, method="affinity", evaluator="dense", stratify=cfg.stratify)))
     selections: dict[str, dict] = {}
-    if "search" in cfg.methods:  # last: the other methods' picks are among the prompts it screens
+    room = headroom_stage(cfg, stages, splits, model, tokenizer)
+    if room is not None and not room["search"]:  # a calibrated random prompt, at once, instead of a search
+        selections[QUICK] = quick_selection(cfg, room, splits, model, tokenizer)
+    elif "search" in cfg.methods:  # last: the other methods' picks are among the prompts it screens
         runs.append(("search", None))
     for name, scfg in runs:
         if name == "search":
@@ -279,7 +285,7 @@ def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
         selections["affinity-equal-cost"] = equal_cost_stage(cfg, stages, base, selections["affinity-dense"],
                                                              splits, model, tokenizer, compressor, comp)
     check = check_stage(cfg, stages, selections, splits, model, tokenizer)
-    return write_outputs(cfg, out, comp, fidelity, selections, splits, model, tokenizer, check, verdict)
+    return write_outputs(cfg, out, comp, fidelity, selections, splits, model, tokenizer, check, verdict, room)
 
 
 def run_splits(cfg: RunConfig, task=None) -> Splits:
@@ -411,9 +417,47 @@ def calibration_summary(handed: dict, randoms: list[dict], zero: dict, test_size
             "from_selection": handed["test_accuracy"] - cal}
 
 
+def headroom_stage(cfg: RunConfig, stages: Stages, splits: Splits, model, tokenizer) -> dict | None:
+    """Before the search: how far calibrated random prompts still differ, and whether validation can
+    rank them (:mod:`icl_ssm.select.headroom`); the rule there decides whether the search runs.
+    None where it is not measured (no calibration, no search, ``--no-headroom``, a generative task)."""
+    task = get_task(cfg.task, **cfg.task_options)
+    if cfg.calibrate == "none" or "search" not in cfg.methods or not cfg.headroom or task.kind != "classification":
+        return None
+    read = splits.validation[: held_out_start(cfg)]
+    key = _key([cfg.model, cfg.task, cfg.task_options, cfg.k, cfg.seed, cfg.pool_size, [e.id for e in read],
+                HEADROOM_PROMPTS, MIN_RELIABILITY])
+    done = stages.get("headroom", key)
+    if done is None:
+        builder = PromptBuilder.for_model(model, tokenizer, task)
+        with stage_bar("headroom after calibration", "prompts") as (on_start, advance):
+            on_start(HEADROOM_PROMPTS)
+            done = measure_headroom(model, builder, splits.pool, read, cfg.k, np.random.default_rng([cfg.seed, 5]),
+                                    query_batch=cfg.query_batch)
+            advance(HEADROOM_PROMPTS)
+        search, why = can_add(done)
+        done = stages.put("headroom", key, {**done, "search": search, "why": why})
+    say(f"headroom: {done['why']}")
+    return done
+
+
+def quick_selection(cfg: RunConfig, room: dict, splits: Splits, model, tokenizer) -> dict:
+    """The prompt handed over where the headroom says a search cannot add: the first of the headroom's
+    label-balanced random prompts (not the best on validation, which cannot rank them), batch-calibrated."""
+    task = get_task(cfg.task, **cfg.task_options)
+    builder = PromptBuilder.for_model(model, tokenizer, task)
+    indices = list(room["prompts"][0])
+    scored = evaluate_selection(model, builder, [splits.pool[i] for i in indices], splits.test[: cfg.test_size],
+                                query_batch=cfg.query_batch)
+    return {"method": "calibrated random prompt", "indices": indices, "test_accuracy": scored["accuracy"],
+            "test_size": min(cfg.test_size, len(splits.test)), "flops": None, "wall_seconds": room["seconds"],
+            "calibrations": ["batch"], "calibration": "batch", "labels": None}
+
+
 def preferred_pick(selections: dict[str, dict]) -> str:
-    """The stage whose pick the check judges: the search, else affinity, else the first run."""
-    return next((m for m in ("search", "affinity") if m in selections), next(iter(selections)))
+    """The stage whose pick the check judges: the search, else the quick calibrated prompt, else
+    affinity, else the first run."""
+    return next((m for m in ("search", QUICK, "affinity") if m in selections), next(iter(selections)))
 
 
 def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], splits: Splits, model,
@@ -425,7 +469,7 @@ def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], spl
     random prompt (the spread a user would meet without selection)."""
     preferred = preferred_pick(selections)
     # the search screened and confirmed the other picks already: only its own is checked beside random prompts
-    names = [preferred] if preferred == "search" else list(selections)
+    names = [preferred] if preferred in ("search", QUICK) else list(selections)
     candidates = {name: selections[name]["indices"] for name in names}
     key = _key([candidates, asdict(cfg), "check-v3"])
     done = stages.get("check", key)
@@ -498,7 +542,8 @@ _ROW_KEYS = ("method", "evaluator", "test_accuracy", "flops", "wall_seconds", "s
 
 
 def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict | None, selections: dict[str, dict],
-                  splits: Splits, model, tokenizer, check: dict | None = None, verdict: dict | None = None) -> dict:
+                  splits: Splits, model, tokenizer, check: dict | None = None, verdict: dict | None = None,
+                  headroom: dict | None = None) -> dict:
     """selected.jsonl + prompt.txt (the prompt handed over: the method's pick when it passed the
     check against random prompts, else the best-checked prompt) and the report."""
     from icl_ssm.report.write import write_report
@@ -522,9 +567,10 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict | None, 
     builder = PromptBuilder.for_model(model, tokenizer, task)
     atomic.write_text(out / "prompt.txt", builder.build_prefix([pool[i] for i in handed["indices"]]).text)
     dense = selections.get("affinity-dense")
-    titles = {"affinity-dense": "affinity (dense)", "affinity-equal-cost": "affinity (dense's time)",
+    titles = {QUICK: "calibrated random prompt", "affinity-dense": "affinity (dense)",
+              "affinity-equal-cost": "affinity (dense's time)",
               "search": "search (whole prompts)"}
-    first = ["search", "affinity", "affinity-dense", "affinity-equal-cost"]
+    first = ["search", QUICK, "affinity", "affinity-dense", "affinity-equal-cost"]
     rows = []
     for name in first + [n for n in selections if n not in first]:
         if name not in selections:
@@ -551,6 +597,7 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict | None, 
         "pool_size": len(pool), "run_config": asdict(cfg), "check": check, "handed_over": handed,
         "fidelity_verdict": verdict,
         "search": None if search is None else {key: search.get(key) for key in _SEARCH_KEYS},
+        "headroom": headroom,
     }
     write_report(out, report)
     return report

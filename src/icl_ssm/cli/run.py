@@ -83,6 +83,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(every searched prompt scored raw and batch-calibrated, the better pair kept; other picks "
                         "batch-calibrated), batch (every pick batch-calibrated) or none (raw answers); with either "
                         "of the first two the check also weighs calibrated random prompts and zero-shot")
+    p.add_argument("--no-headroom", dest="headroom", action="store_false",
+                   help="with --calibrate search or batch: search even where validation cannot rank calibrated "
+                        "random prompts (by default run measures that first and, where it cannot, hands over a "
+                        "calibrated random prompt at once)")
     p.add_argument("--keep-selection", action="store_true",
                    help="hand over the search's (else affinity's) pick even when another checked prompt beats it")
     p.add_argument("--fidelity-subsets", type=int, default=d.fidelity_subsets)

@@ -99,6 +99,8 @@ def calibration_lines(report: dict) -> list[str]:
     cal = (report.get("check") or {}).get("calibrated")
     if not cal:
         return []
+    room = report.get("headroom")
+    headroom = [f"Headroom after calibration: {room['why']}."] if room and room.get("why") else []
     handed = _handed(report)
     n = cal["test_size"]
     method = (handed.get("calibration") or {}).get("method")
@@ -112,7 +114,7 @@ def calibration_lines(report: dict) -> list[str]:
             f"Of the {pts(cal['gain_over_random_raw'])} points over the median raw random prompt, calibration earns "
             f"{pts(cal['from_calibration'])} (the median calibrated minus the median raw random prompt) and "
             f"selection {pts(cal['from_selection'])} (the prompt handed over minus the median calibrated random "
-            "prompt); one order of each prompt, one seed."]
+            "prompt); one order of each prompt, one seed.", *headroom]
 
 
 def check_lines(report: dict) -> list[str]:
