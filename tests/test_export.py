@@ -113,3 +113,19 @@ def test_export_prints_without_out_and_refuses_an_unknown_shape(selection, capsy
     with pytest.raises(ValueError, match="export 'csv'; accepted: dspy, langchain, messages"):
         export_selection(selection["selected"], "csv")
     assert set(EXPORTS) == {"dspy", "langchain", "messages"}
+
+
+@pytest.mark.parametrize("to", list(EXPORTS))
+def test_an_export_says_plainly_that_it_cannot_carry_the_calibration(selection, tmp_path, capsys, to):
+    from dataclasses import replace
+
+    from icl_ssm.calibrate import Calibration
+
+    calibrated = replace(selection["selected"], calibration=Calibration("batch", ("negative", "positive"),
+                                                                        (-0.25, 0.25), 64, "a test"))
+    calibrated.save(tmp_path / "cal")
+    assert main(["export", str(tmp_path / "cal"), "--to", to, "--out", str(tmp_path / "x.json")]) == 0
+    err = capsys.readouterr().err
+    assert "batch calibration is not carried" in err and "negative: -0.2500, positive: +0.2500" in err
+    assert main(["export", str(selection["dir"]), "--to", to, "--out", str(tmp_path / "y.json")]) == 0
+    assert "calibration" not in capsys.readouterr().err  # no calibration, no note

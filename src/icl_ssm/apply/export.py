@@ -13,7 +13,8 @@
   demonstration a user turn and an assistant turn; append the input as the last user turn.
 
 Every export reads the template saved with the selection (the prompt's format), never the task's
-data.
+data. None of the three can carry a calibration: each holds text, and a text cannot shift a label's
+score. :func:`calibration_note` says so, with the bias to apply by hand.
 """
 
 from __future__ import annotations
@@ -90,6 +91,20 @@ def export_selection(selected: SelectedPrompt, to: str) -> Any:
     if to not in EXPORTS:
         raise ValueError(f"export {to!r}; accepted: {', '.join(EXPORTS)}")
     return EXPORTS[to](selected)
+
+
+def calibration_note(selected: SelectedPrompt, to: str) -> str | None:
+    """Where ``selected`` carries a calibration: a line saying the ``to`` export cannot, and the bias
+    per label to subtract from the label log-probabilities by hand (None without one)."""
+    c = selected.calibration
+    if c is None or c.is_none:
+        return None
+    what = {"dspy": "a DSPy Predict's demos", "langchain": "a LangChain template",
+            "messages": "a chat messages list"}.get(to, f"the {to} export")
+    bias = ", ".join(f"{label}: {b:+.4f}" for label, b in zip(c.labels, c.bias, strict=True))
+    return (f"the selection's {c.method} calibration is not carried: {what} holds text, and a text cannot shift a "
+            f"label's score. The answers icl-ssm measured were calibrated; to get them, answer with icl-ssm answer, "
+            f"or subtract this bias from each label's log-probability before taking the best: {bias}")
 
 
 def _template(selected: SelectedPrompt) -> dict[str, Any]:

@@ -8,13 +8,16 @@ import json
 import sys
 
 from icl_ssm import atomic
-from icl_ssm.apply.export import EXPORTS, export_selection
+from icl_ssm.apply.export import EXPORTS, calibration_note, export_selection
 from icl_ssm.select.selected import SelectedPrompt
 
 
 def _main(args: argparse.Namespace) -> int:
     selected = SelectedPrompt.load(args.selection)
     data = export_selection(selected, args.to)
+    note = calibration_note(selected, args.to)
+    if note:
+        print(f"icl-ssm export: warning: {note}", file=sys.stderr)
     if args.out:
         atomic.write_json(args.out, data, indent=2)
         print(f"icl-ssm export: {selected.k} demonstrations for {args.to} written to {args.out}", file=sys.stderr)
