@@ -433,3 +433,20 @@ def test_batch_calibration_on_the_inputs_resumes_byte_identical(files, tmp_path,
                                           dtype=torch.float64), -1).mean(0)
     assert cal.bias[1] - cal.bias[0] == pytest.approx(float(logp[1] - logp[0]), abs=1e-6)
     assert summary["calibration"]["prompt"]["bias"] == pytest.approx(list(cal.bias), abs=1e-9)
+
+
+def test_select_calibrate_batch_saves_the_bias_answer_applies(files, tmp_path, capsys, tiny):
+    sel = tmp_path / "sel-cal"
+    assert main(["select", "--model", "tiny-llama", "--task", str(files["data"]), "--k", "3", "--pool-size", "24",
+                 "--queries", "6", "--test-size", "6", "--method", "random", "--calibrate", "batch", "--out",
+                 str(sel)]) == 0
+    err = capsys.readouterr().err
+    assert "calibration batch (saved in selection.json; the mean label log-probability over 6 unlabelled inputs)" in err
+    selected = SelectedPrompt.load(sel)
+    assert selected.calibration.method == "batch" and selected.calibration.inputs == 6
+    with pytest.raises(SystemExit):
+        main(["select", "--task", str(files["data"]), "--method", "random", "--calibrate", "magic"])
+    capsys.readouterr()
+    assert main(["select", "--model", "tiny-llama", "--task", str(files["data"]), "--k", "3", "--pool-size", "24",
+                 "--method", "random", "--calibrate", "search", "--out", str(tmp_path / "x")]) == 2
+    assert "--calibrate search pairs every searched prompt" in capsys.readouterr().err

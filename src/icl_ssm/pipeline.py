@@ -48,7 +48,7 @@ from icl_ssm.select.check import CALIBRATED, ZERO_SHOT, check_prompts, hand_over
 from icl_ssm.select.evaluate import calibrate_prompt, evaluate_calibrated, evaluate_selection
 from icl_ssm.select.evaluators import RELIABILITY_TARGET
 from icl_ssm.select.headroom import HEADROOM_PROMPTS, MIN_RELIABILITY, can_add, measure_headroom
-from icl_ssm.select.run import EVALUATED, SelectConfig, select_demonstrations, selected_rows
+from icl_ssm.select.run import CALIBRATE, EVALUATED, SelectConfig, select_demonstrations, selected_rows
 from icl_ssm.select.selected import SelectedPrompt, compressor_fidelity, pool_spec
 
 DEFAULT_METHODS = ("search", "affinity", "random", "bm25", "topk")
@@ -56,9 +56,6 @@ SEARCH_SCREENS = ("auto", "compressed", "dense", "none")  # auto: compressed unl
 # the default screen, chosen by the pre-registered equal-time experiment's rule (``bench search``):
 # no screen was shown to beat random search over whole prompts (docs/research/prompt-search.md)
 DEFAULT_SCREEN = "none"
-# how the prompt handed over is calibrated: "search" pairs every searched prompt with none and batch
-# calibration and hands the winner over with its own; "batch" calibrates every pick; "none" answers raw
-CALIBRATE = ("search", "batch", "none")
 DEFAULT_CALIBRATE = "none"
 QUICK = "calibrated-random"  # the prompt handed over without a search where the headroom says none can add
 _RECIPE = DistillConfig()  # the compressor shape distilled when none is shipped: the measured recipe's

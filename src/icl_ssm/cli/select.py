@@ -18,6 +18,7 @@ from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.base import SELECTORS
 from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.run import (
+    CALIBRATE,
     EVALUATORS,
     ORDERS,
     SelectConfig,
@@ -81,6 +82,10 @@ def _main(args: argparse.Namespace) -> int:
     print(f"{cfg.method}: test accuracy {summary['test_accuracy']:.3f} with k={cfg.k} "
           f"({summary['flops'] / 1e12:.3g} TFLOP, {summary['wall_seconds']:.1f} s)"
           + (f"; written to {out}" if out else ""), file=sys.stderr)
+    if summary.get("saved_calibration"):
+        print(f"calibration {summary['calibration']} (saved in selection.json; {summary['saved_calibration']['source']}"
+              f"): test accuracy {summary['calibrated_test_accuracy']:.3f}, raw {summary['test_accuracy']:.3f}",
+              file=sys.stderr)
     for line in summary["notes"] + reliability_lines(summary) + lean_lines(summary):
         print(line, file=sys.stderr)
     for i in selection.indices:
@@ -147,6 +152,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stratify", action="store_true",
                    help="affinity: draw every subset with the pool's labels in even shares, each label from its own "
                         "balanced stream, and choose the k with the same shares (implies --per-label)")
+    p.add_argument("--calibrate", default=d.calibrate, choices=CALIBRATE,
+                   help="the chosen prompt's label-score calibration, saved in selection.json for icl-ssm answer: "
+                        "batch (the mean label log-probability over the validation inputs read), search (--method "
+                        "search: every prompt scored raw and batch-calibrated, the better pair kept) or none")
     p.add_argument("--order", default=d.order, choices=ORDERS,
                    help="prompt order of the chosen demonstrations: score (the paper's, best last), interleave "
                         "(each label spread evenly, better ones later), random, or search (the candidate order "

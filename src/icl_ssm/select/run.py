@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from icl_ssm import atomic
+from icl_ssm.calibrate import Calibration, no_calibration
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.compress.pretrained import find_pretrained
 from icl_ssm.data.splits import DEFAULT_POOL_SIZE, Splits, label_warning, split
@@ -43,7 +44,7 @@ from icl_ssm.select.base import (
 )
 from icl_ssm.select.bridge import BridgeSelector
 from icl_ssm.select.estimators import ESTIMATORS
-from icl_ssm.select.evaluate import evaluate_selection
+from icl_ssm.select.evaluate import calibrate_prompt, evaluate_calibrated, evaluate_selection
 from icl_ssm.select.evaluators import RELIABILITY_TARGET, CacheEvaluator
 from icl_ssm.select.per_query import PER_QUERY_METHODS, per_query_selection
 from icl_ssm.select.search import SCREENS, PromptSearch
@@ -81,6 +82,7 @@ def given_flags(argv: list[str] | None) -> set[str]:
     return {a[2:].split("=")[0].replace("-", "_") for a in argv or () if a.startswith("--")}
 
 
+CALIBRATE = ("search", "batch", "none")  # the chosen prompt's calibration: the search's pair, batch, or raw
 ORDERS = (*ARRANGE_ORDERS, "search")  # search: chosen among candidate orders by the dense validation loss
 
 
@@ -121,6 +123,8 @@ class SelectConfig:
     seeds: dict[str, list[int]] = field(default_factory=dict)  # --method search: named prompts screened too
     # --method search: calibrations paired with every prompt (select.calibrated.SEARCHED); () raw losses
     search_calibrations: tuple[str, ...] = ()
+    # the chosen prompt's calibration, saved with it: none, batch, or search (the search's winning pair)
+    calibrate: str = "none"
     chat: bool = False
     task_options: dict[str, Any] = field(default_factory=dict)  # get_task's options (-o KEY=VALUE, --skip-empty)
 
@@ -172,6 +176,11 @@ class SelectConfig:
         if min(self.screen_queries, self.confirm_queries) < 1:
             raise ValueError(f"--screen-queries {self.screen_queries}, --confirm-queries {self.confirm_queries}: "
                              "expected >= 1")
+        if self.calibrate not in CALIBRATE:
+            raise ValueError(f"--calibrate {self.calibrate!r}; accepted: {', '.join(CALIBRATE)}")
+        if self.calibrate == "search" and self.method != "search":
+            raise ValueError(f"--calibrate search pairs every searched prompt with a calibration; --method "
+                             f"{self.method} searches no prompts (use --calibrate batch)")
         if self.stratify and self.method != "affinity":
             raise ValueError(f"--stratify draws affinity's subsets with the labels in even shares; --method "
                              f"{self.method!r} samples no subsets (use --per-label to share its places out)")
@@ -217,6 +226,8 @@ def select_demonstrations(
     findings and the plan before the main round is spent.
     """
     cfg.validate()
+    if cfg.calibrate != "none" and cfg.method == "search" and not cfg.search_calibrations:
+        cfg = replace(cfg, search_calibrations=("none", "batch") if cfg.calibrate == "search" else ("batch",))
     task = get_task(cfg.task, **cfg.task_options)
     if splits is None:  # a file too small for the default sizes gets splits sized to it (splits.note says so)
         splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k,
@@ -289,6 +300,14 @@ def select_demonstrations(
     if isinstance(selector, PromptSearch):  # its plan, screen, rungs and order search, for the report
         summary.update({key: value for key, value in selection.details.items() if key != "order_search"},
                        order_search=selection.details.get("order_search"))
+    if cfg.calibrate != "none" and task.kind == "classification":  # its bias on the validation inputs read
+        method = (summary.get("calibration") or "none") if cfg.method == "search" else "batch"
+        demos = selection.examples(splits.pool)
+        calibration = (no_calibration(task.labels) if method == "none" else
+                       calibrate_prompt(model, builder, demos, method, validation, query_batch=cfg.query_batch))
+        scored = evaluate_calibrated(model, builder, demos, test, calibration, query_batch=cfg.query_batch)
+        summary.update(calibration=method, saved_calibration=calibration.to_dict(),
+                       calibrated_test_accuracy=scored["accuracy"])
     return selection, summary, list(splits.pool)
 
 
@@ -382,8 +401,12 @@ def write_selection(out: Path, selection: Selection, summary: dict, pool, builde
     atomic.write_text(out / "prompt.txt", builder_text)
     atomic.write_json(out / "select_config.json", config)
     atomic.write_json(out / "summary.json", summary)
-    selected_prompt(SelectConfig(**{k: v for k, v in config.items() if k in SelectConfig.__dataclass_fields__}),
-                    pool, selection.indices).save(out)
+    chosen = selected_prompt(SelectConfig(**{k: v for k, v in config.items()
+                                            if k in SelectConfig.__dataclass_fields__}), pool, selection.indices)
+    saved = summary.get("saved_calibration")
+    if saved and saved["method"] != "none":
+        chosen.calibration = Calibration.from_dict(saved)
+    chosen.save(out)
 
 
 def selected_prompt(cfg: SelectConfig, pool: Sequence[Example], indices: Sequence[int]) -> SelectedPrompt:
