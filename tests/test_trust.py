@@ -84,3 +84,22 @@ def test_a_tie_in_correct_answers_counts_as_at_the_other_prompt():
     out = summarize_run(rows)
     assert out["plain"]["at_or_above"] == 2 and out["balanced"]["at_or_above"] == 1
     assert out["at_or_above_retrieval"]
+
+
+def test_a_calibrating_run_is_judged_as_handed_over_beside_calibrated_random_prompts(tmp_path, tmp_cache):
+    task = get_task("coin_flip", size=120)
+    data = tmp_path / "coin.jsonl"
+    data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n" for e in task.examples()))
+    base = RunConfig(model="tiny-llama", k=3, pool_size=24, queries=3, test_size=6, batch=4, methods=("search",),
+                     search_minutes=0.1, screen_queries=4, confirm_queries=8, check_size=8, random_prompts=3,
+                     calibrate="search", headroom=False)
+    result = run_trust([str(data)], [0], tmp_path / "trust", random=3, base=base, say=lambda line: None)
+    record = result["runs"][0]
+    rows = record["prompts_on_test"]
+    assert {"calibrated plain-0", "calibrated balanced-2", "calibrated zero-shot", "handed-over (raw)"} <= set(rows)
+    assert rows["calibrated plain-1"]["calibration"]["method"] == "batch"
+    assert record["calibrated_plain"]["count"] == 3 and "vs_calibrated_zero_shot" in record
+    assert record["handed_test_accuracy"] == np.mean(rows["handed-over"]["correct"])
+    assert len(record["test_ids"]) == 6 and record["scored_on_test_by"]["commit"]
+    assert {"select-search", "check"} <= set(record["stages_made_by"])
+    assert all(m["machine"] and "modified_files" in m for m in record["stages_made_by"].values())

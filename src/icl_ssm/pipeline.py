@@ -153,8 +153,30 @@ class Stages:
         return record["result"] if record.get("key") == key else None
 
     def put(self, name: str, key: str, result: dict) -> dict:
-        atomic.write_json(self.dir / f"{name}.json", {"key": key, "result": result})
+        """Store a stage's result with what made it (commit, dirty files, date, torch threads, machine)."""
+        atomic.write_json(self.dir / f"{name}.json", {"key": key, "result": result, "made_by": made_by()})
         return result
+
+    def made_by(self) -> dict[str, dict]:
+        """Each stored stage's ``made_by`` (stages stored before it was kept: absent)."""
+        out = {}
+        for path in sorted(self.dir.glob("*.json")):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            if record.get("made_by"):
+                out[path.stem] = record["made_by"]
+        return out
+
+
+def made_by() -> dict:
+    """What a stage was made by: :func:`~icl_ssm.provenance.environment` and the tracked files that
+    differed from its commit."""
+    from icl_ssm.provenance import provenance
+
+    prov = provenance("icl-ssm run")
+    return {key: prov[key] for key in ("commit", "modified_files", "date", "machine", "device_name")}
 
 
 @contextmanager
@@ -594,7 +616,7 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict | None, 
         "pool_size": len(pool), "run_config": asdict(cfg), "check": check, "handed_over": handed,
         "fidelity_verdict": verdict,
         "search": None if search is None else {key: search.get(key) for key in _SEARCH_KEYS},
-        "headroom": headroom,
+        "headroom": headroom, "stages_made_by": Stages(out).made_by(),
     }
     write_report(out, report)
     return report

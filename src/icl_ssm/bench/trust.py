@@ -6,8 +6,11 @@ For every (task, seed): the pipeline (:func:`icl_ssm.pipeline.run_pipeline`), th
 test examples, each answer kept per example: ``random`` plain random k-prompts and ``random``
 label-balanced ones (draws of their own, not the check's), the zero-shot prompt, the bm25 and
 topk picks of the run, and per-query retrieval (bm25: k demonstrations retrieved for each test
-input). The test split is used for nothing else, so a paired bootstrap over its examples tells
-whether the handed-over prompt is better than the median random prompt.
+input). Where the run calibrates (``--calibrate``), every random prompt and zero-shot is also
+answered batch-calibrated (its bias estimated on the validation inputs the run's selection read,
+as the handed-over prompt's was), and the handed-over prompt answers as handed over. The test
+split is used for nothing else, so a paired bootstrap over its examples tells whether the
+handed-over prompt is better than the median random prompt.
 
 Each run's record is written to ``records/<task>-s<seed>.json`` under ``out`` (settings, commit,
 machine, check, the random prompts on test, the handed-over prompt, timings); a finished run is
@@ -27,29 +30,44 @@ from typing import Any
 import numpy as np
 
 from icl_ssm import atomic
+from icl_ssm.calibrate import Calibration, no_calibration
 from icl_ssm.data.tasks import get_task
 from icl_ssm.evaluate.stats import paired_bootstrap
 from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
-from icl_ssm.pipeline import RunConfig, run_pipeline, run_splits
+from icl_ssm.pipeline import RunConfig, held_out_start, run_pipeline, run_splits
 from icl_ssm.provenance import environment
 from icl_ssm.select.check import random_prompts
-from icl_ssm.select.evaluate import evaluate_selection
+from icl_ssm.select.evaluate import calibrate_prompt, evaluate_calibrated, evaluate_selection
 from icl_ssm.select.per_query import per_query_selection
 
 AT_OR_ABOVE_SHARE = 0.75  # a run "holds" when the handed-over prompt is at or above 12 of 16 random prompts
 
 
-def test_rows(cfg: RunConfig, model, tokenizer, prompts: dict[str, list[int]]) -> dict[str, dict]:
-    """Per-example test correctness of each named prompt (pool indices in prompt order)."""
+def test_rows(cfg: RunConfig, model, tokenizer, prompts: dict[str, list[int]],
+              calibrated: dict[str, Calibration | None] | None = None) -> dict[str, dict]:
+    """Per-example test correctness of each named prompt (pool indices in prompt order). With
+    ``calibrated`` (classification), each prompt it names is answered after its calibration
+    (None: batch calibration estimated now on the validation inputs the run's selection read) and
+    gains the row ``calibrated <name>`` beside its raw one."""
     task = get_task(cfg.task, **cfg.task_options)
     splits = run_splits(cfg, task)
     builder = PromptBuilder.for_model(model, tokenizer, task)
     test = splits.test[: cfg.test_size]
+    read = splits.validation[: held_out_start(cfg)]
+    calibrated = calibrated if task.kind == "classification" else {}
     out = {}
     for name, indices in prompts.items():
-        res = evaluate_selection(model, builder, [splits.pool[i] for i in indices], test, per_query=True,
-                                 query_batch=cfg.query_batch)
+        demos = [splits.pool[i] for i in indices]
+        if calibrated and name in calibrated:
+            cal = calibrated[name] or calibrate_prompt(model, builder, demos, "batch", read,
+                                                       query_batch=cfg.query_batch)
+            res = evaluate_calibrated(model, builder, demos, test, cal, query_batch=cfg.query_batch)
+            out[name] = {"indices": list(indices), "accuracy": res["raw_accuracy"], "correct": res["raw_correct"]}
+            out[f"calibrated {name}"] = {"indices": list(indices), "accuracy": res["accuracy"],
+                                         "correct": res["correct"], "calibration": cal.to_dict()}
+            continue
+        res = evaluate_selection(model, builder, demos, test, per_query=True, query_batch=cfg.query_batch)
         out[name] = {"indices": list(indices), "accuracy": res["accuracy"], "correct": [int(c) for c in res["correct"]]}
     return out
 
@@ -71,7 +89,14 @@ def trust_run(cfg: RunConfig, report: dict, model, tokenizer, count: int, second
     for row in report["selections"]:
         if row.get("name") in ("bm25", "topk") and row.get("indices"):
             prompts[row["name"]] = list(row["indices"])
-    rows = test_rows(cfg, model, tokenizer, prompts)
+    calibrated = None
+    if cfg.calibrate != "none":  # every random prompt and zero-shot calibrated too; the handed-over prompt as handed
+        saved = handed.get("calibration")
+        calibrated = {name: None for name in prompts if name.startswith(("plain-", "balanced-", "zero-shot"))}
+        calibrated["handed-over"] = Calibration.from_dict(saved) if saved else no_calibration(task.labels)
+    rows = test_rows(cfg, model, tokenizer, prompts, calibrated)
+    if calibrated:  # the handed-over prompt answers as handed over: its calibrated row is the one judged
+        rows["handed-over (raw)"], rows["handed-over"] = rows["handed-over"], rows.pop("calibrated handed-over")
     builder = PromptBuilder.for_model(model, tokenizer, task)
     test = splits.test[: cfg.test_size]
     retrieval = per_query_selection("bm25", model, builder, splits.pool, test, cfg.k)
@@ -85,7 +110,11 @@ def trust_run(cfg: RunConfig, report: dict, model, tokenizer, count: int, second
                                                ("screen", "budget_seconds", "wall_seconds", "screened",
                                                 "screen_reliability", "winner_source")},
             "fidelity_verdict": (report.get("fidelity_verdict") or {}).get("verdict"),
-            "seconds": seconds, "test_size": len(test), "prompts_on_test": rows}
+            "headroom": report.get("headroom") and {key: report["headroom"].get(key) for key in
+                                                   ("search", "why", "reliability", "split_half",
+                                                    "calibrated_spread")},
+            "stages_made_by": report.get("stages_made_by"), "scored_on_test_by": environment(),
+            "seconds": seconds, "test_size": len(test), "test_ids": [e.id for e in test], "prompts_on_test": rows}
 
 
 def summarize_run(rows: dict[str, dict]) -> dict[str, Any]:
@@ -97,8 +126,9 @@ def summarize_run(rows: dict[str, dict]) -> dict[str, Any]:
     mine = np.asarray(rows["handed-over"]["correct"], dtype=float)
     acc = float(mine.mean())
     out: dict[str, Any] = {"handed_test_accuracy": acc, "zero_shot_test_accuracy": rows["zero-shot"]["accuracy"]}
-    for kind in ("plain", "balanced"):
-        group = [rows[n] for n in rows if n.startswith(f"{kind}-")]
+    for kind, prefix in (("plain", "plain-"), ("balanced", "balanced-"), ("calibrated_plain", "calibrated plain-"),
+                         ("calibrated_balanced", "calibrated balanced-")):
+        group = [rows[n] for n in rows if n.startswith(prefix)]
         if not group:
             continue
         accs = np.array([_accuracy(g) for g in group])
@@ -112,6 +142,12 @@ def summarize_run(rows: dict[str, dict]) -> dict[str, Any]:
             gap = float(accs.max() - np.median(accs))
             out["headroom"] = {"oracle": float(accs.max()), "median": float(np.median(accs)),
                                "captured": None if gap <= 0 else (acc - float(np.median(accs))) / gap}
+    if "calibrated zero-shot" in rows:
+        zero = np.asarray(rows["calibrated zero-shot"]["correct"], float)
+        out["calibrated_zero_shot_test_accuracy"] = float(zero.mean())
+        out["vs_calibrated_zero_shot"] = paired_bootstrap(mine - zero)
+    if "handed-over (raw)" in rows:
+        out["handed_raw_test_accuracy"] = _accuracy(rows["handed-over (raw)"])
     retrieval = {n: _accuracy(rows[n]) for n in ("bm25", "topk", "bm25 (per query)") if n in rows}
     out["retrieval"] = retrieval
     out["at_or_above_retrieval"] = bool(retrieval) and acc >= max(retrieval.values())
