@@ -318,6 +318,27 @@ def test_resume_ends_with_the_same_weights(tmp_cache, tmp_path):
     assert same_weights(straight, resumed)
 
 
+class Planted:
+    """An object a pickle would rebuild by running code: what a checkpoint from someone else can hold."""
+
+    def __reduce__(self):
+        return (print, ("this ran while loading the checkpoint",))
+
+
+def test_a_checkpoint_holding_a_pickled_object_is_refused_by_name(tmp_cache, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["distill", *SMALL, "--out", str(run), "--stop-after", "5"]) == 0
+    state = run / "checkpoint" / "trainer_state.pt"
+    saved = torch.load(state, weights_only=True)  # what icl-ssm writes loads without unpickling objects
+    assert {"optimizer", "step", "history", "torch_rng"} <= set(saved)
+    torch.save({**saved, "extra": Planted()}, state)
+    capsys.readouterr()
+    assert main(["distill", *SMALL, "--out", str(run), "--resume"]) == 2
+    out = capsys.readouterr()
+    assert f"{str(state)!r} holds objects other than tensors and plain values" in out.err
+    assert "this ran while loading the checkpoint" not in out.out + out.err
+
+
 def test_resumed_throughput_counts_only_the_steps_run_since_the_resume(tmp_cache, tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     assert main(["distill", *SMALL, "--out", str(run), "--stop-after", "5"]) == 0  # checkpoint at step 4

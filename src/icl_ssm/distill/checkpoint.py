@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict
@@ -65,11 +66,16 @@ def load_checkpoint(directory: Path, compressor, optimizer) -> tuple[int, list[d
         from safetensors.torch import load_file
 
         compressor.load_state_dict(load_file(str(ckpt / "model.safetensors")))
-        trainer = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        # tensors and plain values only: a checkpoint directory someone sent must not run code when resumed
+        trainer = torch.load(ckpt / "trainer_state.pt", weights_only=True)
         optimizer.load_state_dict(trainer["optimizer"])
         torch.set_rng_state(trainer["torch_rng"])
     except FileNotFoundError as err:
         raise ValueError(f"--resume: no checkpoint in {str(directory)!r} ({err.filename} is missing)") from err
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"--resume: {str(ckpt / 'trainer_state.pt')!r} holds objects other than tensors and plain "
+                         "values; it is not loaded (a pickled object can run code): delete the checkpoint directory "
+                         "to train from the start") from err
     except Exception as err:
         raise ValueError(f"--resume: checkpoint in {str(ckpt)!r} is corrupted: {type(err).__name__}: {err}") from err
     return trainer["step"], trainer["history"]
