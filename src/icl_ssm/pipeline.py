@@ -43,6 +43,7 @@ from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
 from icl_ssm.evaluate.verdict import VERDICT_EVALUATORS, failed_checks, fidelity_verdict
 from icl_ssm.lm.models import DEFAULT_MODEL, load_model
 from icl_ssm.lm.prompts import PromptBuilder
+from icl_ssm.lock import one_writer
 from icl_ssm.select.base import SELECTORS
 from icl_ssm.select.check import CALIBRATED, ZERO_SHOT, check_prompts, hand_over
 from icl_ssm.select.evaluate import calibrate_prompt, evaluate_calibrated, evaluate_selection
@@ -248,9 +249,15 @@ def resolve_compressor(cfg: RunConfig, out: Path, stages: Stages) -> dict:
 
 
 def run_pipeline(cfg: RunConfig, out: str | Path) -> dict:
-    """All stages; returns the report dict (also written to ``OUT/report.json``)."""
+    """All stages; returns the report dict (also written to ``OUT/report.json``). One process at a
+    time writes ``out`` (:func:`~icl_ssm.lock.one_writer`)."""
     cfg.validate()
     out = atomic.prepare_dir(out)
+    with one_writer(out, "icl-ssm run", say=say):
+        return _run_pipeline(cfg, out)
+
+
+def _run_pipeline(cfg: RunConfig, out: Path) -> dict:
     task = get_task(cfg.task, **cfg.task_options)
     splits = run_splits(cfg, task)
     for note in (splits.note, *task.notes(), label_warning(splits.pool, task.labels if task.kind == "classification"

@@ -28,6 +28,7 @@ from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.compress.pretrained import find_pretrained
 from icl_ssm.data.tasks import Example, Task
 from icl_ssm.evaluate.stats import paired_bootstrap
+from icl_ssm.lock import one_writer
 from icl_ssm.select.selected import SelectedPrompt, compressor_fidelity
 
 SUMMARY = "answer_summary.json"
@@ -144,8 +145,13 @@ def run_answer(plan: AnswerPlan, out: str | Path, model, tokenizer, compressor: 
     """Answer the inputs of ``plan`` not answered before into ``out/predictions.jsonl`` and write
     ``out/answer_summary.json``; returns the summary. ``compressor``: the loaded ``plan.compressor``
     (``cache="compressed"``). ``progress(n)`` after every batch, with the number it answered."""
-    cfg = plan.cfg
     out = atomic.prepare_dir(out)
+    with one_writer(out, "icl-ssm answer"):
+        return _run_answer(plan, out, model, tokenizer, compressor, progress)
+
+
+def _run_answer(plan: AnswerPlan, out: Path, model, tokenizer, compressor, progress) -> dict[str, Any]:
+    cfg = plan.cfg
     predictions = PredictionsFile(out, plan.settings)
     done, finished = predictions.resume()
     ids = [q.id for q in plan.inputs]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from contextlib import nullcontext
 from dataclasses import asdict, fields
 
 from icl_ssm import atomic
@@ -15,6 +17,7 @@ from icl_ssm.data.tasks import get_task
 from icl_ssm.evaluate.answers import LOSSES
 from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
+from icl_ssm.lock import one_writer
 from icl_ssm.select.base import SELECTORS
 from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.run import (
@@ -41,6 +44,12 @@ def _main(args: argparse.Namespace) -> int:
     cfg = with_shipped_compressor(apply_recipe(cfg, args.recipe, given_flags(getattr(args, "argv", None))))
     cfg.validate()
     out = atomic.prepare_dir(args.out) if args.out else None
+    first = os.environ.get("RANK", "0") == "0"  # under accelerate launch, the first process holds the lock
+    with one_writer(out, "icl-ssm select") if out is not None and first else nullcontext():
+        return _select(cfg, out, args)
+
+
+def _select(cfg: SelectConfig, out, args: argparse.Namespace) -> int:
     if cfg.per_query:
         return _per_query(cfg, out, args)
     import torch
