@@ -109,6 +109,7 @@ def run_calibrate_bench(tasks: Sequence[str], seeds: Sequence[int], budgets: Seq
     have = {(r["budget"], r["task"], r["seed"], r["arm"]) for r in done}
     model, tokenizer = load_model(model_name)
     made_by = environment()  # this process's code: read once, so a commit made while it runs is not claimed
+    started = provenance(command)  # ... and the files that differed from it then
     for task_name in tasks:
         task = get_task(task_name)
         builder = PromptBuilder.for_model(model, tokenizer, task)
@@ -129,7 +130,7 @@ def run_calibrate_bench(tasks: Sequence[str], seeds: Sequence[int], budgets: Seq
                         + f": test {row['test_accuracy']:.3f} (raw {row['raw_test_accuracy']:.3f}, "
                         f"calibration {row['calibration']['method']}, {row['wall_seconds']:.0f} s)")
     summary = decide(done)
-    record = {"provenance": {**provenance(command), "commit": made_by["commit"]},
+    record = {"provenance": started,
               "config": {"tasks": list(tasks), "seeds": list(seeds),
               "budgets": list(budgets), "model": model_name, "k": k, "arms": list(arms), "pool_size": pool_size,
               "test_size": test_size, "validation_size": validation_size}, "runs": done, "summary": summary}
