@@ -229,3 +229,36 @@ def test_select_and_distill_take_the_task_options(tmp_path, capsys):
                                                    for name in (str(path), "a")}
     args = build_parser().parse_args(["run", "--task", str(path), "--skip-empty"])
     assert args.option == [] and args.skip_empty
+
+
+# ---------------------------------------------------------------------- seven answers made precise
+
+def test_seven_bad_inputs_get_a_precise_answer(tmp_path):
+    from icl_ssm.compress.compressor import check_compressor_dir
+    from icl_ssm.compress.pretrained import find_pretrained
+    from icl_ssm.select.run import SelectConfig
+
+    twice = tmp_path / "twice.csv"
+    twice.write_text("text,label,label\na,x,y\n")
+    with pytest.raises(ValueError, match=r"line 1: column 'label' appears more than once in the header"):
+        get_task(str(twice))
+    nan = tmp_path / "nan.jsonl"
+    nan.write_text('{"text": "a", "label": "x"}\n{"text": "b", "label": NaN}\n')
+    with pytest.raises(ValueError, match=r"nan.jsonl line 2: field 'label' is NaN"):
+        get_task(str(nan))
+    folder = tmp_path / "x.jsonl"
+    folder.mkdir()
+    with pytest.raises(ValueError, match=r"x.jsonl: is a directory; expected a .jsonl file"):
+        get_task(str(folder))
+    with pytest.raises(ValueError, match=r"a .json file is not read as a task; save it as JSON Lines"):
+        get_task(str(tmp_path / "x.json"))
+    semi = tmp_path / "semi.csv"
+    semi.write_text("text;label\na;x\n")
+    with pytest.raises(ValueError, match=r"looks semicolon-separated, but a .csv file is read comma-separated"):
+        get_task(str(semi))
+    for k in (-3, 0):
+        with pytest.raises(ValueError, match=rf"--k {k}: expected >= 1 demonstrations"):
+            SelectConfig(k=k, method="random").validate()
+    shipped = find_pretrained("smollm2-135m", "rotten_tomatoes", 20)
+    with pytest.raises(ValueError, match=r"has no config.json; it holds compressors in .*compressor'.*: pass "):
+        check_compressor_dir(shipped)

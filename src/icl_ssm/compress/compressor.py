@@ -340,10 +340,14 @@ def check_compressor_dir(path: str | Path) -> Path:
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"compressor directory {str(path)!r} does not exist")
+    inside = [sub.name for sub in sorted(path.iterdir()) if (sub / "config.json").is_file()]
     for name in ("config.json", "model.safetensors"):
         if not (path / name).is_file():
-            raise ValueError(f"compressor directory {str(path)!r} has no {name}; expected "
-                             "the output of SSMCompressor.save_pretrained")
+            hint = (f"; it holds compressors in {', '.join(repr(str(path / sub)) for sub in inside)}: pass "
+                    f"{str(path / inside[0])!r}" + (" (the control is the prompt-independent comparison)"
+                                                    if "control" in inside else "")) if inside else (
+                "; expected the output of SSMCompressor.save_pretrained")
+            raise ValueError(f"compressor directory {str(path)!r} has no {name}{hint}")
     return path
 
 

@@ -23,6 +23,8 @@ def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     suffix = path.suffix.lower()
     if suffix not in USER_FILE_SUFFIXES:
         raise ValueError(f"{path}: unsupported file type {suffix!r}; accepted: {USER_FILE_SUFFIXES}")
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory; expected a {suffix} file with one example per line")
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
     data = path.read_bytes()
@@ -55,6 +57,17 @@ def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
         header = next(reader, None)
         if not header:
             raise ValueError(f"{path}: the file is empty; expected a header line")
+        twice = sorted({name for name in header if header.count(name) > 1})
+        if twice:
+            raise ValueError(f"{path} line 1: column {', '.join(map(repr, twice))} appears more than once in the "
+                             f"header ({', '.join(header)}); expected each column once")
+        other = ";" if suffix == ".csv" else ","
+        if len(header) == 1 and other in header[0]:
+            raise ValueError(f"{path} line 1: the header {header[0]!r} is one column; the file looks "
+                             f"{'semicolon' if other == ';' else 'comma'}-separated, but a {suffix} file is read "
+                             f"{'comma' if suffix == '.csv' else 'tab'}-separated: save it with "
+                             f"{'commas' if suffix == '.csv' else 'tabs'}"
+                             + (" or name it .tsv after replacing ';' with tabs" if other == ";" else ""))
         start = reader.line_num + 1
         for row in _rows(reader, path):
             if not any(cell.strip() for cell in row):
@@ -91,6 +104,8 @@ def record_field(record: dict[str, Any], key: str, where: str, option: str) -> s
             f"{where}: missing field {key!r} (fields present: {present}); pass {option}= to use another field"
         )
     value = record[key]
+    if isinstance(value, float) and value != value:
+        raise ValueError(f"{where}: field {key!r} is NaN; expected a non-empty string or number")
     if isinstance(value, bool | int | float | str) and str(value).strip():
         return str(value).strip()
     raise ValueError(f"{where}: field {key!r} is {value!r}; expected a non-empty string or number")

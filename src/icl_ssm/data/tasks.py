@@ -141,6 +141,9 @@ def get_task(name: str, **options: Any) -> Task:
     if name.lower().endswith(USER_FILE_SUFFIXES):
         return _build(TASKS["jsonl"], name, path=name, **options)
     if name not in TASKS:
+        if name.lower().endswith(".json"):
+            raise ValueError(f"{name}: a .json file is not read as a task; save it as JSON Lines, one object a line "
+                             f"(a file ending .jsonl), or as a .csv/.tsv file with a header")
         raise ValueError(
             f"unknown task {name!r}; accepted: {', '.join(TASKS)}, or a path ending {'/'.join(USER_FILE_SUFFIXES)}"
         )

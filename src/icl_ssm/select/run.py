@@ -129,6 +129,8 @@ class SelectConfig:
     task_options: dict[str, Any] = field(default_factory=dict)  # get_task's options (-o KEY=VALUE, --skip-empty)
 
     def validate(self) -> None:
+        if not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"--k {self.k}: expected >= 1 demonstrations")
         if self.method not in SELECTORS:
             raise ValueError(f"--method {self.method!r}; accepted: {', '.join(SELECTORS)}")
         if self.evaluator not in EVALUATORS:
