@@ -165,3 +165,15 @@ def test_headroom_reads_whether_validation_ranks_calibrated_prompts():
     assert flat["reliability"] < 0.5 and not can_add({**flat, "queries": 64})[0]
     assert "selection is not shown to add anything measurable beyond calibration" in can_add({**flat,
                                                                                              "queries": 64})[1]
+
+
+def test_batch_calibration_on_leaning_inputs_is_warned_of():
+    from icl_ssm.apply.answer import leaning as lean_warning
+
+    saved = Calibration("batch", LABELS, (0.0, 0.0), 64, "balanced validation inputs")
+    scores, _ = leaning(100, lean=0.0)
+    assert lean_warning(scores, saved, LABELS) is None  # half and half
+    lopsided = torch.cat([scores, torch.tensor([[-3.0, 0.0]] * 300, dtype=torch.float64)])
+    warning = lean_warning(lopsided, saved, LABELS)
+    assert warning.startswith("88% of the first 400 inputs are answered 'positive'")
+    assert "--calibrate selection" in warning

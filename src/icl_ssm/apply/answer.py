@@ -219,13 +219,33 @@ CALIBRATION_INPUTS = 128  # batch calibration on the user's inputs: estimated on
 MIN_BATCH_INPUTS = 32  # ... and refused with fewer (a bias from a handful of inputs is mostly their labels)
 
 
+LEAN_SHARE = 0.65  # one label's share of the answers above which batch calibration on the inputs is warned of
+
+
+def leaning(scores: Tensor, calibration: Calibration, labels: Sequence[str]) -> str | None:
+    """A warning where ``calibration``'s answers on ``scores (n, L)`` give one label more than
+    :data:`LEAN_SHARE` of them: inputs that lean so, batch calibration on the inputs pulls away from
+    that label (it assumes balanced labels). None otherwise."""
+    picks = calibration.apply(scores.double()).argmax(-1)
+    counts = torch.bincount(picks, minlength=len(labels)).double() / max(len(picks), 1)
+    top = int(counts.argmax())
+    if counts[top] <= LEAN_SHARE:
+        return None
+    return (f"{100 * float(counts[top]):.0f}% of the first {len(picks)} inputs are answered {labels[top]!r} with the "
+            f"selection's own {calibration.method} bias: if the inputs lean so, --calibrate batch (which assumes "
+            "balanced labels) pulls answers away from it; on an 80/20 file it cost 10-16 points against the saved "
+            "bias (docs/research/calibration.md). --calibrate selection keeps the saved bias")
+
+
 def answer_calibration(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, selected: SelectedPrompt,
-                       method: str, inputs: Sequence[Example], **kwargs) -> Calibration:
+                       method: str, inputs: Sequence[Example], notes: list[str] | None = None,
+                       **kwargs) -> Calibration:
     """The calibration ``method`` of ``selected``'s prompt estimated at answering time, through the same
     path the answers take (``kwargs``: :func:`iter_answers`'s ``cache``, ``compressor``, ``task``, ``batch``):
     ``batch`` on the first :data:`CALIBRATION_INPUTS` of ``inputs`` (at least :data:`MIN_BATCH_INPUTS`),
     ``contextual`` and ``domain`` on their own inputs (``domain``'s words drawn from ``inputs``). The
-    inputs' labels are never read."""
+    inputs' labels are never read. ``notes`` gets :func:`leaning`'s warning for ``batch`` where the
+    selection has a saved calibration to read the inputs' lean with."""
     from icl_ssm.calibrate import estimate, get_calibrator
 
     task = kwargs.get("task") or selected.task_object()
@@ -241,11 +261,19 @@ def answer_calibration(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
                          "bias saved with the selection) or contextual")
     head = [Example(q.id, q.input, "") for q in inputs[:CALIBRATION_INPUTS]]  # labels unread
 
+    read: list[Tensor] = []
+
     def scorer(xs: Sequence[Example]) -> Tensor:
         answers = answer_inputs(model, tokenizer, selected, xs, calibration=None, **kwargs)
-        return torch.tensor([[a.scores[label] for label in task.labels] for a in answers], dtype=torch.float64)
+        read.append(torch.tensor([[a.scores[label] for label in task.labels] for a in answers], dtype=torch.float64))
+        return read[-1]
 
     calibration = estimate(method, task.labels, scorer, head, rng=np.random.default_rng(0))
+    saved = selected.calibration
+    if method == "batch" and notes is not None and saved is not None and not saved.is_none:
+        warning = leaning(read[-1], saved, task.labels)
+        if warning:
+            notes.append(warning)
     if method == "batch":
         return Calibration(method, calibration.labels, calibration.bias, calibration.inputs,
                            f"{calibration.source} (the first {len(head)} inputs answered)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -194,8 +195,12 @@ def resolve_calibrations(plan: AnswerPlan, model, tokenizer, compressor) -> dict
     if cfg.calibrate == "selection":
         prompt = None if cfg.per_query is not None else plan.selected.calibration
     else:
-        prompt = answer_calibration(model, tokenizer, plan.selected, cfg.calibrate, plan.inputs, cache=cfg.cache,
-                                    compressor=compressor, **kwargs)
+        warnings: list[str] = []
+        prompt = answer_calibration(model, tokenizer, plan.selected, cfg.calibrate, plan.inputs, warnings,
+                                    cache=cfg.cache, compressor=compressor, **kwargs)
+        for line in warnings:
+            print(f"icl-ssm answer: warning: {line}", file=sys.stderr)
+        plan.notes.extend(warnings)
     if prompt is None or prompt.is_none:
         return {"prompt": None, "zero_shot": None}
     zero = None
