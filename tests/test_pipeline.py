@@ -238,6 +238,7 @@ def test_calibrate_hands_the_prompt_over_with_its_calibration_beside_calibrated_
         assert (selection["calibration"] or {"method": "none"})["method"] == expected
     assert handed["test_accuracy"] == cal["handed"] and "raw_test_accuracy" in handed
     md = (out / "report.md").read_text()
+    assert (out / "calibration.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "calibration.png" in md
     opening = md.split("\n## ")[0]
     assert "You get: " in opening and "calibration earns" in opening and "selection " in opening
 

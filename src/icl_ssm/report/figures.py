@@ -225,3 +225,44 @@ def _cost_fig(report: dict) -> Figure:
         fig.legend(handles=list(marks.values()) + legend, loc="outside lower center", ncols=3, fontsize=8,
                    frameon=False)
     return fig
+
+
+def _calibration_fig(report: dict) -> Figure:
+    """Does the handed-over prompt beat what a user would have done anyway? Two rows, raw answers
+    and calibrated ones: the random prompts' test accuracies as a strip, their median as a tick,
+    zero-shot as a diamond, and the handed-over prompt (as it answers, on the calibrated row, and
+    raw) in :data:`HANDED` with its Wilson 95% interval."""
+    check = report.get("check") or {}
+    cal = check.get("calibrated") or {}
+    randoms = check.get("random") or []
+    handed = _handed(report)
+    n = cal.get("test_size")
+    fig = Figure(figsize=(7.5, 3.2), dpi=120, layout="constrained")
+    ax = fig.add_subplot()
+    rows = (("raw answers", "test_accuracy", cal.get("handed_raw"), cal.get("zero_shot_raw")),
+            ("calibrated", "calibrated_test_accuracy", cal.get("handed"), cal.get("zero_shot_calibrated")))
+    for y, (_, key, mine, zero) in enumerate(rows):
+        accs = [r[key] for r in randoms if _is_num(r.get(key))]
+        ax.scatter(accs, [y] * len(accs), s=28, color="0.55", alpha=0.8, zorder=2,
+                   label="random prompts" if y == 0 else None)
+        if accs:
+            ax.plot([statistics.median(accs)] * 2, [y - 0.22, y + 0.22], color="0.25", lw=2, zorder=3,
+                    label="their median" if y == 0 else None)
+        if _is_num(zero):
+            ax.scatter([zero], [y], marker="D", s=52, color="C0", zorder=4, label="zero-shot" if y == 0 else None)
+        if _is_num(mine):
+            ci = _wilson(mine, n)
+            if ci is not None:
+                ax.plot(ci, [y + 0.3] * 2, color=HANDED, lw=2, zorder=4)
+            ax.scatter([mine], [y + 0.3], marker="*", s=170, color=HANDED, zorder=5,
+                       label="handed over (95% interval)" if y == 1 else None)
+    ax.set_yticks([0, 1], [r[0] for r in rows])
+    ax.set_ylim(-0.6, 1.7)
+    ax.set_xlabel("test accuracy")
+    ax.grid(axis="x", alpha=0.3)
+    method = (handed.get("calibration") or {}).get("method")
+    ax.set_title(f"Handed over: {_title(report, handed.get('name'))}, "
+                 f"{method + '-calibrated' if method else 'raw'}; beside random prompts and zero-shot\n"
+                 f"{_about(report)}", fontsize=9, loc="left")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=8, ncols=4, frameon=False)
+    return fig

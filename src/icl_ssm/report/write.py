@@ -10,7 +10,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from icl_ssm import atomic
-from icl_ssm.report.figures import _accuracy_fig, _cost_fig
+from icl_ssm.report.figures import _accuracy_fig, _calibration_fig, _cost_fig
 from icl_ssm.report.markdown import _markdown
 
 
@@ -49,11 +49,14 @@ def write_report(out: str | Path, report: dict) -> dict[str, Path]:
     ...), and optionally ``fidelity``, ``fidelity_verdict``, ``check`` and ``handed_over`` (the
     hand-over check, :mod:`icl_ssm.select.check`), ``picks`` and ``preferred``, ``search`` (the
     prompt search's record), ``affinity_scores``, ``pool_size``, ``prompt_file``/``selected_file``.
-    ``report`` itself is not modified. Returns ``{"markdown", "json", "accuracy", "cost"} -> Path``.
+    ``report`` itself is not modified. Returns ``{"markdown", "json", "accuracy", "cost"} -> Path``,
+    and ``"calibration"`` (``calibration.png``) where the check measured calibrated prompts.
     """
     _validate(report)
     out = atomic.prepare_dir(out, what="report directory")
     figures = {"accuracy": _accuracy_fig, "cost": _cost_fig}
+    if ((report.get("check") or {}).get("calibrated")):  # what calibration earned and what selection added
+        figures = {"calibration": _calibration_fig, **figures}
     plots = {name: f"{name}.png" for name in figures}
     # Serialise before writing anything, so that a non-JSON value leaves no partial report.
     json_text = json.dumps({**report, "plots": plots}, indent=1) + "\n"
