@@ -118,6 +118,11 @@ class RunConfig:
             raise ValueError(f"--methods {unknown}: accepted: {', '.join(SELECTORS)}")
         if self.k < 1:
             raise ValueError(f"--k {self.k}: expected >= 1 demonstrations")
+        for name in ("pool_size", "queries", "test_size", "batch", "query_batch", "fidelity_queries"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected >= 1")
+        if self.seed < 0 or self.test_orders < 0:
+            raise ValueError(f"--seed {self.seed}, --test-orders {self.test_orders}: expected integers >= 0")
         if self.random_prompts < 1 or self.check_size < 1:
             raise ValueError(f"--random-prompts {self.random_prompts}, --check-size {self.check_size}: expected >= 1")
         if self.evaluator not in VERDICT_EVALUATORS:

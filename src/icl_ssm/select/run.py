@@ -131,6 +131,10 @@ class SelectConfig:
     def validate(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:
             raise ValueError(f"--k {self.k}: expected >= 1 demonstrations")
+        if self.pool_size < 1:
+            raise ValueError(f"--pool-size {self.pool_size}: expected >= 1 candidates")
+        if self.seed < 0:
+            raise ValueError(f"--seed {self.seed}: expected an integer >= 0")
         if self.method not in SELECTORS:
             raise ValueError(f"--method {self.method!r}; accepted: {', '.join(SELECTORS)}")
         if self.evaluator not in EVALUATORS:
