@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 
-from .base import Records, ci, mean_sd, pct, sd, table
+from .base import RESULTS, Records, ci, mean_sd, pct, sd, table
 from .fidelity import k20_paths, k20_seeds
 from .selection import METHODS, orders_averaged, test_size
 from .trust import EQUAL_TIME, PLANNED_RUNS, SCREEN_NAMES, equal_time, named, shown_worse, trust_counts
@@ -114,6 +114,9 @@ def readme_results(records: Records) -> str:
             + f" ({', '.join(tasks)}); 400 test examples each; "
             "[records](docs/results/trust-search/)"])
 
+    if (records.root / RESULTS / "calibration/calibrate-equal-time.json").is_file():
+        rows.append(calibration_row(records))
+
     syn = records("synthetic-products-select-k20.json")
     q64 = records("synthetic-products-fidelity-q64.json")
     q16 = records("synthetic-products-fidelity-q16.json")
@@ -129,3 +132,26 @@ def readme_results(records: Records) -> str:
         f"{link('synthetic-products-select-k20.json')}, "
         f"{link('synthetic-products-fidelity-q64.json')}, {link('synthetic-products-fidelity-q16.json')}"])
     return table(["measure", "icl-ssm", "beside it", "rests on"], rows)
+
+
+def calibration_row(records: Records) -> list[str]:
+    """The pre-registered equal-time experiment of calibration and selection, as one row."""
+    data = records("calibration/calibrate-equal-time.json")
+    arms, d = data["summary"]["arms"], data["summary"]["decision"]
+    cfg = data["config"]
+
+    def arm(name: str) -> str:
+        e = arms[name]
+        vs = e.get("vs_best")
+        diff = "" if vs is None else f", {100 * vs['mean']:+.1f} {ci([100 * c for c in vs['ci95']], '+.1f')} vs best"
+        return f"{name} {100 * e['mean']:.1f} (raw {100 * e['raw_mean']:.1f}; {e['wall_mean']:.0f} s{diff})"
+
+    searches = [n for n in arms if n.startswith("raw-search")]
+    return [
+        "calibrate, then select: test accuracy at each arm's own cost (pre-registered; %)",
+        f"{arm(d['best'])}; run's default by the rule: {d['default']}"
+        + ("" if d["default"] == d["best"] else f" ({arm(d['default'])})"),
+        "; ".join(arm(n) for n in searches) + f"; {arm('calibrated-zero-shot')}",
+        f"{', '.join(cfg['tasks'])}, seeds {', '.join(map(str, cfg['seeds']))}, {cfg['test_size']} test examples; "
+        "interval resamples (task, seed) runs and test examples; "
+        + records.link("calibration/calibrate-equal-time.json")]
