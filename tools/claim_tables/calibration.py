@@ -28,11 +28,11 @@ def label_lean(records: Records) -> str:
             f"over subsets. {records.link('calibration/label-lean-rotten_tomatoes.json', 2)}")
 
 
-def calibration_headroom(records: Records) -> str:
+def calibration_headroom(records: Records, depth: int = 2) -> str:
     rows = []
     used = []
     for name, data in records.glob("calibration/headroom-*.json"):
-        used.append(records.link(name, 2))
+        used.append(records.link(name, depth))
         cfg = data["config"]
         for task, t in data["tasks"].items():
             n = sum(t["test_labels"].values())
@@ -53,7 +53,7 @@ def calibration_headroom(records: Records) -> str:
     return table(header, rows) + "\n\nAccuracies in %. " + ", ".join(used)
 
 
-def calibrate_equal_time(records: Records) -> str:
+def calibrate_equal_time(records: Records, depth: int = 2) -> str:
     data = records(CALIBRATE)
     s = data["summary"]
     rows = []
@@ -70,7 +70,7 @@ def calibrate_equal_time(records: Records) -> str:
     if c:
         text += (f" Cost target against {c['raw_search']}: accuracy {100 * c['accuracy_gap']:+.1f} points in "
                  f"{c['wall_ratio']:.2f}x its wall time: **{'met' if c['met'] else 'not met'}**.")
-    return text + " " + records.link(CALIBRATE, 2)
+    return text + " " + records.link(CALIBRATE, depth)
 
 
 def _num(x: float | None) -> str:
