@@ -32,7 +32,7 @@ def calibration_headroom(records: Records, depth: int = 2) -> str:
     rows = []
     used = []
     for name, data in records.glob("calibration/headroom-*.json"):
-        used.append(records.link(name, depth))
+        used.append(records.link(f"calibration/{name}", depth))
         cfg = data["config"]
         for task, t in data["tasks"].items():
             n = sum(t["test_labels"].values())
