@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from icl_ssm.bench.headroom import classification_splits
 from icl_ssm.calibrate import CALIBRATORS, NONE, get_calibrator
-from icl_ssm.data.splits import split
-from icl_ssm.data.tasks import Example, get_task
+from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.stats import paired_bootstrap, spearman, spearman_brown, split_half_spearman
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.evaluate import prompt_scores
@@ -157,17 +157,10 @@ def summarize_method(val: np.ndarray | None, test: np.ndarray, val_labels: np.nd
 def calibration_headroom(cfg: CalibrationHeadroomConfig, model, tokenizer, log=print) -> dict:
     """The study (see the module) on a loaded model; returns the record's body."""
     cfg.validate()
-    todo = []
-    for name in cfg.tasks:
-        task = get_task(name)
-        if task.kind != "classification":
-            raise ValueError(f"--tasks {name}: calibration reads label scores; the task is {task.kind!r}")
-        splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed)
-        if cfg.k > len(splits.pool):
-            raise ValueError(f"--k {cfg.k} is larger than {name}'s pool of {len(splits.pool)}")
+    todo = classification_splits(cfg.tasks, cfg.k, cfg.pool_size, cfg.seed, "calibration reads label scores")
+    for name, _, splits in todo:
         if len(splits.validation) < cfg.validation:
             raise ValueError(f"--validation {cfg.validation}: {name}'s validation split holds {len(splits.validation)}")
-        todo.append((name, task, splits))
     tasks = {}
     for name, task, splits in todo:
         builder = PromptBuilder.for_model(model, tokenizer, task)

@@ -13,8 +13,8 @@ import numpy as np
 
 from icl_ssm import atomic
 from icl_ssm.bench.selection import log
-from icl_ssm.data.splits import split
-from icl_ssm.data.tasks import get_task
+from icl_ssm.data.splits import Splits, split
+from icl_ssm.data.tasks import Task, get_task
 from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.evaluate import evaluate_selection
@@ -49,6 +49,21 @@ def headroom_summary(correct: np.ndarray, pred: np.ndarray, gold: np.ndarray) ->
             "constant_answer": float(np.unique(gold, return_counts=True)[1].max() / len(gold))}
 
 
+def classification_splits(tasks, k: int, pool_size: int, seed: int, why: str) -> list[tuple[str, Task, Splits]]:
+    """``(name, task, splits)`` of every task, each checked before any is scored: a classification
+    task (``why`` says what needs it) whose pool holds ``k``."""
+    todo = []
+    for name in tasks:
+        task = get_task(name)
+        if task.kind != "classification":
+            raise ValueError(f"--tasks {name}: {why}; the task is {task.kind!r}")
+        splits = split(task, pool_size=pool_size, seed=seed)
+        if k > len(splits.pool):
+            raise ValueError(f"--k {k} is larger than {name}'s pool of {len(splits.pool)}")
+        todo.append((name, task, splits))
+    return todo
+
+
 def headroom(args: argparse.Namespace) -> dict:
     """``--sets`` random k-subsets of one pool per task (each in its drawn order), every one scored
     densely on the test set: how much choosing the demonstrations can move this model's
@@ -59,15 +74,7 @@ def headroom(args: argparse.Namespace) -> dict:
         raise ValueError(f"--sets {args.sets}; expected >= 2 (the spread of accuracies needs two sets)")
     if args.k < 1:
         raise ValueError(f"--k {args.k}; expected >= 1")
-    todo = []
-    for task_name in args.tasks:
-        task = get_task(task_name)
-        if task.kind != "classification":
-            raise ValueError(f"--tasks {task_name}: headroom reads predicted labels; the task is {task.kind!r}")
-        splits = split(task, pool_size=args.pool_size, seed=args.seed)
-        if args.k > len(splits.pool):
-            raise ValueError(f"--k {args.k} is larger than {task_name}'s pool of {len(splits.pool)}")
-        todo.append((task_name, task, splits))
+    todo = classification_splits(args.tasks, args.k, args.pool_size, args.seed, "headroom reads predicted labels")
     model, tokenizer = load_model(args.model)
     tasks = {}
     report = {"model": args.model, "k": args.k, "seed": args.seed, "pool_size": args.pool_size,
