@@ -31,6 +31,10 @@ record = {"command": "tools/time_demo.sh", "what": "make demo from a fresh clone
           "install_seconds": float(installed) - float(start), "demo_seconds": float(end) - float(installed),
           "total_seconds": float(end) - float(start), "handed_over": rep["handed_over"]["name"],
           "handed_test_accuracy": rep["handed_over"].get("test_accuracy"),
+          "handed_raw_test_accuracy": rep["handed_over"].get("raw_test_accuracy"),
+          "calibration": (rep["handed_over"].get("calibration") or {}).get("method"),
+          "calibrated": (rep.get("check") or {}).get("calibrated"),
+          "headroom": {k: (rep.get("headroom") or {}).get(k) for k in ("search", "reliability", "why")},
           "search": {k: (rep.get("search") or {}).get(k) for k in ("screen", "budget_seconds", "wall_seconds",
                                                                    "screened", "screen_reliability")},
           "fidelity_verdict": (rep.get("fidelity_verdict") or {}).get("verdict")}
