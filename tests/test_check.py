@@ -180,7 +180,7 @@ def test_run_searches_checks_the_pick_against_random_prompts_and_hands_over_what
             "--queries", "3", "--test-size", "6", "--fidelity-subsets", "4", "--fidelity-queries", "2",
             "--distill", "--distill-samples", "8", "--check-size", "5", "--random-prompts", "3", "--methods", "search",
             "affinity", "random", "--no-dense-evaluator", "--search-minutes", "0.2", "--screen-queries", "4",
-            "--confirm-queries", "8"]
+            "--confirm-queries", "8", "--calibrate", "none"]  # the raw hand-over; the calibrated one: test_pipeline
     assert main(args) == 0
     err = capsys.readouterr().err
     report = json.loads((out / "report.json").read_text())
