@@ -197,7 +197,7 @@ def test_reliability_lines_warn_with_the_queries_it_would_take(split, warned):
 
 def test_bad_input_is_refused(files, tmp_path, capsys):
     assert main(args(files, "--k", "0", "--method", "random")) == 2
-    assert "k=0" in capsys.readouterr().err
+    assert "--k 0" in capsys.readouterr().err
     assert main(args(files, "--k", "25", "--method", "random")) == 2
     assert "pool_size=24 is smaller than k=25" in capsys.readouterr().err
     assert main(args(files)) == 2  # affinity on compressed caches without a compressor

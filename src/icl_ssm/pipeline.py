@@ -57,7 +57,8 @@ SEARCH_SCREENS = ("auto", "compressed", "dense", "none")  # auto: compressed unl
 # the default screen, chosen by the pre-registered equal-time experiment's rule (``bench search``):
 # no screen was shown to beat random search over whole prompts (docs/research/prompt-search.md)
 DEFAULT_SCREEN = "none"
-DEFAULT_CALIBRATE = "search"  # by the pre-registered equal-time rule and its committed mapping (docs/research/calibration.md)
+# by the pre-registered equal-time rule and the mapping committed before its results (docs/research/calibration.md)
+DEFAULT_CALIBRATE = "search"
 QUICK = "calibrated-random"  # the prompt handed over without a search where the headroom says none can add
 _RECIPE = DistillConfig()  # the compressor shape distilled when none is shipped: the measured recipe's
 

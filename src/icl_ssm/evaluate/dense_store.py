@@ -81,7 +81,7 @@ class DenseStore:
             t = load_file(path)
             cost = Cost(int(t["flops"]), float(t["seconds"]))
             rows.append(PrefixEval(t["loss"], t["correct"], t["pred"], t["prompt_length"],
-                                   int(t["cache_length"]), t["logits"], cost))
+                                   int(t["cache_length"]), t["logits"], cost, t.get("scores")))
         self.reused += len(rows)
         return PrefixEval.cat(rows)
 
@@ -95,6 +95,7 @@ class DenseStore:
             t = {"loss": ev.loss[r : r + 1], "correct": ev.correct[r : r + 1], "pred": ev.pred[r : r + 1],
                  "prompt_length": ev.prompt_length[r : r + 1], "logits": ev.logits[r : r + 1],
                  "cache_length": torch.tensor(ev.cache_length),
+                 **({} if ev.scores is None else {"scores": ev.scores[r : r + 1]}),
                  "flops": torch.tensor(ev.cost.flops // ev.rows), "seconds": torch.tensor(ev.cost.seconds / ev.rows,
                                                                                          dtype=torch.float64)}
             data = save({name: v.contiguous().cpu() for name, v in t.items()})
