@@ -23,6 +23,10 @@ def _main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from icl_ssm.provenance import provenance
+
+    made_by = provenance(" ".join(["icl-ssm", *(getattr(args, "argv", None) or ["fidelity"])]))  # when it starts
+
     stderr = Console(stderr=True)
     with Progress(TextColumn("fidelity"), BarColumn(), MofNCompleteColumn(), TextColumn("subsets"),
                   TimeElapsedColumn(), console=stderr, transient=True) as bar:
@@ -37,6 +41,7 @@ def _main(args: argparse.Namespace) -> int:
 
         report = run_fidelity(config, on_start=lambda n: bar.update(job, total=n), progress=advance)
     report["argv"] = getattr(args, "argv", None)
+    report["provenance"] = made_by
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
