@@ -35,17 +35,24 @@ def demo(records: Records) -> str:
     for name, r in runs:
         search = r["search"]
         # records from before time_demo.sh stored the verdict: a search without a screen means it failed
-        verdict = VERDICTS[r.get("fidelity_verdict") or ("dense" if search["screen"] == "none" else "compressed")]
+        verdict = VERDICTS[r.get("fidelity_verdict") or ("dense" if search["screen"] in ("none", None)
+                                                         else "compressed")]
+        searched = search.get("budget_seconds") is not None
+        what = (f"with the prompt search ({search['budget_seconds'] / 60:.0f} min)" if searched else
+                "without a search (the headroom gate found none to make)")
+        cal = r.get("calibration")
+        handed = (f"test accuracy of the handed-over prompt ({r['handed_over']}"
+                  + (f", {cal}-calibrated" if cal else "") + f") {r['handed_test_accuracy']:.3f}"
+                  + (f" (raw {r['handed_raw_test_accuracy']:.3f})" if r.get("handed_raw_test_accuracy") is not None
+                     else ""))
         rows.append([
-            "a run from a fresh clone, empty pip and model caches, with the prompt search "
-            f"({search['budget_seconds'] / 60:.0f} min) and the hand-over check on 128 examples",
+            f"a run from a fresh clone, empty pip and model caches, {what} and the hand-over check on 128 examples",
             f"`tools/time_demo.sh OUT.json` (commit {r['provenance']['commit'][:7]}, {r['provenance']['date']})",
             "CPU (AMD EPYC, 2 cores), quiet",
             f"{r['total_seconds'] / 60:.1f} min: install {r['install_seconds']:.0f} s, demo "
-            f"{r['demo_seconds'] / 60:.1f} min; test accuracy of the handed-over prompt ({r['handed_over']}) "
-            f"{r['handed_test_accuracy']:.3f}; {verdict} ({search['wall_seconds']:.0f} s of its "
-            f"{search['budget_seconds']:.0f})",
-            "<= 15 min",
+            f"{r['demo_seconds'] / 60:.1f} min; {handed}; {verdict if searched else verdict.split(', so')[0]}"
+            + (f" ({search['wall_seconds']:.0f} s of its {search['budget_seconds']:.0f})" if searched else ""),
+            "<= 8 min" if r["provenance"]["date"] >= "2026-11-28" else "<= 15 min",
             f"{records.link(name)}, [report](docs/results/{name.removesuffix('.json')}-report.md)"])
     same = [r for _, r in newest_runs(records)]
     latest = same[0]["provenance"]["commit"] if same else None
