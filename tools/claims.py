@@ -29,7 +29,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/claim_tables/, whether run or loaded by path
 from claim_tables.answering import answer_throughput
 from claim_tables.base import RESULTS, p_text, pending
-from claim_tables.calibration import CALIBRATE, calibrate_equal_time, calibration_headroom, label_lean
+from claim_tables.calibration import (
+    CALIBRATE,
+    FIDELITY,
+    calibrate_equal_time,
+    calibrated_fidelity,
+    calibration_headroom,
+    label_lean,
+)
 from claim_tables.demo import demo, demo_time
 from claim_tables.fidelity import compressed_caches, distillation_fidelity, exact_share
 from claim_tables.paper import paper_artefacts
@@ -148,6 +155,7 @@ TABLES: dict[str, tuple[str, Callable[[Records], str]]] = {
     "label-lean": ("docs/research/calibration.md", label_lean),
     "calibration-headroom": ("docs/research/calibration.md", calibration_headroom),
     "calibrate-equal-time": ("docs/research/calibration.md", pending(calibrate_equal_time, CALIBRATE)),
+    "calibrated-fidelity": ("docs/research/calibration.md", pending(calibrated_fidelity, FIDELITY)),
     "calibrate-equal-time-bench": ("BENCHMARKS.md", pending(lambda r: calibrate_equal_time(r, 0), CALIBRATE)),
     "calibration-headroom-bench": ("BENCHMARKS.md", lambda r: calibration_headroom(r, 0)),
 }

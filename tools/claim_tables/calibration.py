@@ -75,3 +75,27 @@ def calibrate_equal_time(records: Records, depth: int = 2) -> str:
 
 def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
+
+
+FIDELITY = "calibration/fidelity-calibrated-rotten_tomatoes-k20-32x64.json"
+
+
+def calibrated_fidelity(records: Records) -> str:
+    """Each cache path's subset ranking against the dense prompt, on the raw label-balanced loss and
+    with the label lean removed (batch calibration per subset)."""
+    data = records(FIDELITY)
+    rows = []
+    for name, prefix in (("compressed (shipped)", ""), ("control (prompt-independent)", "control_"),
+                         ("window (same slots)", "window_")):
+        cells = []
+        for kind in ("balanced", "calibrated"):
+            rho = data.get(f"{prefix}subset_loss_spearman_{kind}")
+            interval = data.get(f"{prefix}subset_loss_spearman_{kind}_ci95_queries") or [None, None]
+            cells.append("-" if rho is None else f"{rho:.2f}" + (f" {ci(interval)}" if None not in interval else ""))
+        rows.append([name, *cells])
+    text = table(["cache", "Spearman, raw balanced loss [95% CI]", "Spearman, lean removed [95% CI]"], rows)
+    return (text + f"\n\n{data['subsets']} held-out subsets x {data['queries']} queries, k = {data['k']}; intervals "
+            "resample subsets and queries. The dense ranking's own split-half: "
+            f"{_num(data.get('dense_split_half_spearman_balanced'))} raw, "
+            f"{_num(data.get('dense_split_half_spearman_calibrated'))} with the lean removed. "
+            + records.link(FIDELITY, 2))
