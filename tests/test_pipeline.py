@@ -241,6 +241,9 @@ def test_calibrate_hands_the_prompt_over_with_its_calibration_beside_calibrated_
     assert (out / "calibration.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "calibration.png" in md
     opening = md.split("\n## ")[0]
     assert "You get: " in opening and "calibration earns" in opening and "selection " in opening
+    vs = handed["vs_calibrated_random"]
+    assert vs["ci95"][0] <= vs["mean"] <= vs["ci95"][1] and "the mean batch-calibrated random prompt" in opening
+    assert handed["shown_better_than_calibrated"] == (vs["ci95"][0] > 0)
 
 
 def test_where_validation_cannot_rank_calibrated_prompts_run_hands_one_over_without_a_search(

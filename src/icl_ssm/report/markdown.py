@@ -91,6 +91,17 @@ def verdict_lines(report: dict) -> list[str]:
     return lines
 
 
+def versus_calibrated(handed: dict) -> list[str]:
+    """The handed-over prompt against the mean calibrated random prompt on the check examples."""
+    vs = handed.get("vs_calibrated_random")
+    if not vs:
+        return []
+    verdict = "shown better than" if vs["ci95"][0] > 0 else ("shown worse than" if vs["ci95"][1] < 0 else
+                                                               "not told apart from")
+    return [f"On the check examples it is {verdict} the mean batch-calibrated random prompt: {_diff_ci(vs)} "
+            f"(paired bootstrap over the {vs.get('n', 'check')} check examples)."]
+
+
 def calibration_lines(report: dict) -> list[str]:
     """What the user gets and what earned it, first (for the CLI and report.md): the handed-over
     prompt's test accuracy as it answers (with its calibration) and raw, beside zero-shot and the
@@ -114,7 +125,7 @@ def calibration_lines(report: dict) -> list[str]:
             f"Of the {pts(cal['gain_over_random_raw'])} points over the median raw random prompt, calibration earns "
             f"{pts(cal['from_calibration'])} (the median calibrated minus the median raw random prompt) and "
             f"selection {pts(cal['from_selection'])} (the prompt handed over minus the median calibrated random "
-            "prompt); one order of each prompt, one seed.", *headroom]
+            "prompt); one order of each prompt, one seed.", *versus_calibrated(handed), *headroom]
 
 
 def check_lines(report: dict) -> list[str]:

@@ -146,10 +146,15 @@ def compare_prompts(prompts: dict[str, dict[str, Any]], randoms: Sequence[dict[s
         row["interval"] = list(wilson_interval(int(np.sum(row["correct"])), n))
     accs = grid.mean(1)
     random_mean = grid.mean(0)  # (n,) per example
+    shifted = [row for name, row in prompts.items() if name.startswith(f"{CALIBRATED}random-")]
+    shifted_mean = np.array([r["correct"] for r in shifted], dtype=np.float64).mean(0) if shifted else None
     for row in prompts.values():
         row["beats_random"] = float((row["accuracy"] > accs).mean())
         row["at_or_above"] = int((row["accuracy"] >= accs).sum())
         row["vs_random"] = paired_bootstrap(np.asarray(row["correct"], dtype=np.float64) - random_mean, seed=seed)
+        if shifted_mean is not None:  # ... and against what calibrating a random prompt gives
+            row["vs_calibrated_random"] = paired_bootstrap(np.asarray(row["correct"], dtype=np.float64)
+                                                           - shifted_mean, seed=seed)
     return {"check_size": n, "random": list(randoms), "random_mean": float(accs.mean()),
             "random_median": float(np.median(accs)), "random_interval": [float(accs.min()), float(accs.max())],
             "prompts": prompts}
@@ -204,6 +209,10 @@ def hand_over(result: dict[str, Any], preferred: str, *, keep: bool = False, lev
         versus = paired_bootstrap(np.asarray(chosen["correct"], float) - grid.mean(0), seed=seed)
         accs = grid.mean(1)
         beats, at_or_above = float((chosen["accuracy"] > accs).mean()), int((chosen["accuracy"] >= accs).sum())
-    return {"name": name, "indices": list(chosen["indices"]), "reason": reason, "replaced": name != preferred,
-            "beats_random": beats, "at_or_above": at_or_above, "random_prompts": compared, "vs_random": versus,
-            "shown_better": versus["ci95"][0] > 0, "zero_shot_best": bool(zero_best)}
+    out = {"name": name, "indices": list(chosen["indices"]), "reason": reason, "replaced": name != preferred,
+           "beats_random": beats, "at_or_above": at_or_above, "random_prompts": compared, "vs_random": versus,
+           "shown_better": versus["ci95"][0] > 0, "zero_shot_best": bool(zero_best)}
+    if "vs_calibrated_random" in chosen:
+        out["vs_calibrated_random"] = chosen["vs_calibrated_random"]
+        out["shown_better_than_calibrated"] = chosen["vs_calibrated_random"]["ci95"][0] > 0
+    return out
