@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from icl_ssm import atomic
-from icl_ssm.calibrate import NONE, Calibration, no_calibration
+from icl_ssm.calibrate import NONE, no_calibration
 from icl_ssm.calibrate.losses import SEARCHED
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
@@ -201,7 +201,3 @@ def calibrate_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"Cost target against {c['raw_search']}: accuracy {100 * c['accuracy_gap']:+.1f} points, "
                          f"wall time {c['wall_ratio']:.2f}x: {'met' if c['met'] else 'not met'}.")
     return "\n".join(lines) + "\n"
-
-
-def calibration_of(run: dict[str, Any]) -> Calibration:
-    return Calibration.from_dict(run["calibration"])
