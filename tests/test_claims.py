@@ -239,3 +239,48 @@ def test_the_pooled_equal_time_record_must_hold_the_runs_of_the_records_it_names
     path.write_text(json.dumps(record))
     with pytest.raises(ValueError, match="search-equal-time.json pools 48 runs; the records it names hold 36"):
         claims.check(copy)
+
+
+def _calibrated_run(task, seed, handed, plain_median, cal_vs, zero_vs, search, *, commits=("a" * 40,), threads=(2,)):
+    """A trust-calibrated record as bench trust writes it, reduced to what the table reads."""
+    stages = {f"stage{i}": {"commit": c, "machine": f"x86_64, {t} torch threads, cpu", "modified_files": []}
+              for i, (c, t) in enumerate(zip(commits, threads, strict=True))}
+    correct = [1] * handed + [0] * (10 - handed)
+    rows = {"handed-over": {"correct": correct}}
+    rows |= {f"calibrated plain-{i}": {"correct": [1] * (i // 2) + [0] * (10 - i // 2)} for i in range(16)}
+    return {"task": task, "seed": seed, "handed_test_accuracy": handed / 10, "handed_raw_test_accuracy": 0.5,
+            "plain": {"median": plain_median}, "calibrated_plain": {"median": 0.7, "vs_median_prompt": cal_vs},
+            "vs_calibrated_zero_shot": zero_vs, "headroom": {"search": search, "reliability": 0.6},
+            "stages_made_by": stages, "scored_on_test_by": stages["stage0"], "prompts_on_test": rows}
+
+
+def test_trust_calibrated_targets_follow_the_rule_fixed_before_the_runs():
+    from claim_tables import trust_calibrated as tc
+
+    fine = {"mean": 0.01, "ci95": [-0.02, 0.04]}
+    runs = [_calibrated_run("rotten_tomatoes", 15, 9, 0.7, fine, fine, True),
+            _calibrated_run("cr", 15, 8, 0.7, fine, fine, False),
+            _calibrated_run("coin_flip", 15, 3, 0.5, fine, {"mean": -0.1, "ci95": [-0.2, -0.01]}, True)]
+    e = tc.evaluate(runs)
+    assert [f"{r['task']}" for r in e["worse"]] == ["coin_flip"]  # shown below calibrated zero-shot
+    assert e["gain"] == pytest.approx((0.9 - 0.7 + 0.8 - 0.7) / 2)  # rotten_tomatoes and cr only
+    assert (e["searched"], e["held"]) == (2, 1)  # coin_flip: 3 correct, at or above 8 of the 16 (0, 0, ..., 3, 3)
+    text = tc.verdicts(e)
+    assert "**not met**" in text[0] and "coin_flip seed 15" in text[0]
+    assert "+15.0 points over 2 runs: at or above it so far (12 of 15 runs to come)" in text[1]
+    assert "1 of 2 (50%): below it so far" in text[2]
+    done = tc.verdicts({**e, "runs": 15})
+    assert done[1].endswith("runs: met") and done[2].endswith("(50%): **not met**")
+
+
+def test_trust_calibrated_names_a_run_made_by_two_commits_or_thread_counts():
+    from claim_tables import trust_calibrated as tc
+
+    fine = {"mean": 0.0, "ci95": [-0.01, 0.01]}
+    one = _calibrated_run("cr", 16, 8, 0.7, fine, fine, True, commits=("a" * 40, "a" * 40), threads=(2, 2))
+    two = _calibrated_run("cr", 17, 8, 0.7, fine, fine, True, commits=("a" * 40, "b" * 40), threads=(2, 1))
+    assert tc.made_by(one)["mixed"] is None
+    mixed = tc.made_by(two)["mixed"]
+    assert "commits aaaaaaa, bbbbbbb" in mixed and "1 torch thread (stage1)" in mixed
+    old = {"environment": {"commit": "c" * 40, "machine": "x86_64, 1 torch threads, cpu"}}
+    assert tc.made_by(old)["threads"] == [1] and tc.made_by(old)["mixed"] is None

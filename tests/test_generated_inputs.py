@@ -164,3 +164,153 @@ def test_any_setting_is_accepted_or_refused_naming_the_flag(capsys, command, dat
         tally("settings", "error")
         return
     tally("settings", "result")
+
+
+# ---------------------------------------------------------------------- selection and compressor directories
+
+def _json_paths(node, prefix=()):
+    """Every (path, value) inside a JSON document."""
+    yield prefix, node
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _json_paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _json_paths(value, (*prefix, i))
+
+
+def _replace(node, path, value):
+    if not path:
+        return value
+    head, *rest = path
+    node = list(node) if isinstance(node, list) else dict(node)
+    node[head] = _replace(node[head], rest, value)
+    return node
+
+
+@st.composite
+def altered_json(draw, document):
+    """``document`` with one thing changed: a value replaced by any JSON value, a key removed,
+    an unknown key added, or the file cut short."""
+    how = draw(st.sampled_from(["value", "value", "drop", "extra", "truncate", "not an object"]))
+    paths = [p for p, _ in _json_paths(document) if p]
+    if how == "value":
+        path = draw(st.sampled_from(paths))
+        return json.dumps(_replace(document, path, draw(VALUE)), allow_nan=True)
+    if how == "drop":
+        path = draw(st.sampled_from([p for p in paths if isinstance(p[-1], str)]))
+        parent = _replace(document, (), document)
+        node = parent
+        for key in path[:-1]:
+            node = node[key]
+        node = {k: v for k, v in node.items() if k != path[-1]}
+        return json.dumps(_replace(document, path[:-1], node))
+    if how == "extra":
+        return json.dumps({**document, draw(st.text(min_size=1, max_size=8)): draw(VALUE)}, allow_nan=True)
+    if how == "truncate":
+        text = json.dumps(document)
+        return text[: draw(st.integers(0, len(text) - 1))]
+    return json.dumps(draw(st.one_of(st.lists(st.integers(), max_size=3), st.integers(), st.none(), TEXT)))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A selection directory (selection.json, selected.jsonl) on a small user file, and a tiny
+    compressor for the tiny model, as icl-ssm writes them."""
+    from icl_ssm import SelectedPrompt
+    from icl_ssm.calibrate import Calibration
+    from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
+    from icl_ssm.lm.models import load_model
+    from icl_ssm.select.selected import pool_spec
+
+    root = tmp_path_factory.mktemp("saved")
+    data = root / "coin.jsonl"
+    data.write_text("".join(json.dumps({"text": e.input, "label": e.target}) + "\n"
+                            for e in get_task("coin_flip", size=60).examples()))
+    task = get_task(str(data))
+    pool = split(task, pool_size=12, seed=0, fit=True, k=3).pool
+    calibration = Calibration("batch", tuple(task.labels), tuple(0.1 * i for i in range(len(task.labels))),
+                              inputs=16, source="validation inputs")
+    selection = SelectedPrompt.from_pool(pool, [4, 0, 7], model="tiny-llama", task=task, method="random",
+                                         pool_made=pool_spec(pool, size=12, seed=0, k=3, min_validation=0),
+                                         calibration=calibration)
+    selection.save(root / "sel", files=True)
+    model, _ = load_model("tiny-llama")
+    compressor = SSMCompressor(SSMCompressorConfig.for_teacher(model.config, state_size=8, num_virtual=2, num_sink=1,
+                                                               latent_size=4))
+    compressor.save_pretrained(root / "compressor")
+    return {"root": root, "selection": root / "sel", "compressor": root / "compressor", "teacher": model.config}
+
+
+def copy_dir(source: Path, target: Path) -> Path:
+    target.mkdir(parents=True)
+    for file in source.iterdir():
+        (target / file.name).write_bytes(file.read_bytes())
+    return target
+
+
+@given(st.data())
+def test_any_altered_selection_loads_or_is_refused_naming_the_file(saved, tmp_path_factory, data):
+    """selection.json or selected.jsonl altered, cut short or missing, another model or task: the
+    selection loads and its task, pool and model check run, or one ValueError names the file."""
+    from icl_ssm import SelectedPrompt
+
+    folder = copy_dir(saved["selection"], Path(tmp_path_factory.mktemp("sel")) / "sel")
+    target = data.draw(st.sampled_from(["selection.json"] * 3 + ["selected.jsonl"]))
+    how = data.draw(st.sampled_from(["alter"] * 6 + ["delete", "model", "task"]))
+    document = json.loads((folder / "selection.json").read_text())
+    if how == "delete":
+        (folder / target).unlink()
+    elif how == "model":
+        (folder / "selection.json").write_text(json.dumps({**document, "model": data.draw(TEXT)}))
+    elif how == "task":
+        (folder / "selection.json").write_text(json.dumps({**document, "task": data.draw(
+            st.one_of(TEXT, st.sampled_from(["rotten_tomatoes", "nope.jsonl", str(folder), "x.json"])))}))
+    elif target == "selection.json":
+        (folder / target).write_text(data.draw(altered_json(document)))
+    else:
+        lines = (folder / target).read_text().splitlines()
+        at = data.draw(st.integers(0, len(lines) - 1))
+        lines[at] = data.draw(altered_json(json.loads(lines[at])))
+        (folder / target).write_text("\n".join(lines) + "\n")
+    try:
+        selection = SelectedPrompt.load(folder)
+        selection.check_model("tiny-llama")
+        task = selection.task_object()
+        if selection.pool:
+            selection.pool_examples(task)
+    except ValueError as err:
+        assert str(folder) in str(err) or "selection" in str(err), str(err)
+        assert str(err).count("\n") < 3, str(err)
+        tally("selection directories", "error")
+        return
+    assert selection.k == len(selection.demonstrations)
+    tally("selection directories", "result")
+
+
+@given(st.data())
+def test_any_altered_compressor_loads_or_is_refused_naming_the_file(saved, tmp_path_factory, data):
+    """config.json or model.safetensors altered, cut short or missing, another teacher's shape:
+    the compressor loads for the tiny model, or one ValueError names the file."""
+    from icl_ssm.compress.compressor import load_compressor
+
+    folder = copy_dir(saved["compressor"], Path(tmp_path_factory.mktemp("comp")) / "compressor")
+    target = data.draw(st.sampled_from(["config.json"] * 3 + ["model.safetensors"]))
+    how = data.draw(st.sampled_from(["alter", "alter", "alter", "delete"]))
+    if how == "delete":
+        (folder / target).unlink()
+    elif target == "config.json":
+        (folder / target).write_text(data.draw(altered_json(json.loads((folder / target).read_text()))))
+    else:
+        blob = (folder / target).read_bytes()
+        cut = data.draw(st.integers(0, len(blob) - 1))
+        flip = data.draw(st.booleans())
+        (folder / target).write_bytes(blob[:cut] + (bytes([blob[cut] ^ 0xFF]) + blob[cut + 1:] if flip else b""))
+    try:
+        load_compressor(folder, saved["teacher"])
+    except ValueError as err:
+        assert str(folder) in str(err) or "compressor" in str(err), str(err)
+        assert str(err).count("\n") < 3, str(err)
+        tally("compressor directories", "error")
+        return
+    tally("compressor directories", "result")

@@ -262,3 +262,68 @@ def test_seven_bad_inputs_get_a_precise_answer(tmp_path):
     shipped = find_pretrained("smollm2-135m", "rotten_tomatoes", 20)
     with pytest.raises(ValueError, match=r"has no config.json; it holds compressors in .*compressor'.*: pass "):
         check_compressor_dir(shipped)
+
+
+def test_schema_errors_name_the_file_the_key_the_value_and_what_is_accepted(tmp_path):
+    from icl_ssm import schema
+
+    spec = schema.record({"k": schema.POSITIVE, "name": schema.STRING, "pool": schema.nullable(schema.record(
+        {"size": schema.POSITIVE}, required=("size",), closed=True))}, required=("k",), closed=True)
+    path = tmp_path / "x.json"
+    cases = {'{"k": 0}': "x.json: k is 0; expected a number >= 1",
+             '{"k": "3"}': 'k is "3"; expected an integer',
+             '{"k": true}': "k is true; expected an integer",
+             '{"name": "a"}': "missing 'k'",
+             '{"k": 1, "nmae": "a"}': "unknown key 'nmae'; accepted: k, name, pool",
+             '{"k": 1, "pool": {"size": -1}}': "pool.size is -1; expected a number >= 1",
+             '{"k": 1, "pool": 5}': "pool is 5; expected an object or a null",
+             '[1, 2]': "the top level is [1, 2]; expected an object",
+             '{"k": 1': "not valid JSON"}
+    for text, expected in cases.items():
+        path.write_text(text)
+        with pytest.raises(ValueError) as err:
+            schema.load(path, spec)
+        assert expected in str(err.value) and str(path) in str(err.value), (text, str(err.value))
+    path.write_bytes(b'{"k": 1, "name": "\xff"}')
+    with pytest.raises(ValueError, match="not UTF-8"):
+        schema.load(path, spec)
+    path.write_text('{"k": 2, "pool": null}')
+    assert schema.load(path, spec) == {"k": 2, "pool": None}
+
+
+def test_a_selection_json_with_an_unknown_key_or_a_wrong_type_is_refused_before_use(tmp_path):
+    from icl_ssm import SelectedPrompt
+    from icl_ssm.data.splits import split
+    from icl_ssm.data.tasks import get_task
+
+    task = get_task("coin_flip", size=40)
+    pool = split(task, pool_size=10, seed=0).pool
+    folder = tmp_path / "sel"
+    SelectedPrompt.from_pool(pool, [1, 2], model="tiny-llama", task=task, method="random").save(folder)
+    data = json.loads((folder / "selection.json").read_text())
+    assert SelectedPrompt.load(folder).k == 2
+    for change, expected in (({"chat": "yes"}, 'chat is "yes"; expected a boolean'),
+                             ({"pool": {"size": 0, "seed": 0}}, "pool.size is 0"),
+                             ({"demonstrations": [{"id": 1, "text": "t", "label": "x"}]},
+                              "demonstrations[0].id is 1; expected a string"),
+                             ({"evil": 1}, "unknown key 'evil'")):
+        (folder / "selection.json").write_text(json.dumps({**data, **change}))
+        with pytest.raises(ValueError) as err:
+            SelectedPrompt.load(folder)
+        assert expected in str(err.value) and "selection.json" in str(err.value), str(err.value)
+
+
+def test_a_compressor_config_with_a_misspelt_or_mistyped_field_is_refused_naming_it(tmp_path):
+    from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load_compressor
+
+    folder = tmp_path / "comp"
+    SSMCompressor(SSMCompressorConfig(state_size=8, num_virtual=2, num_sink=1, latent_size=4)).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    assert load_compressor(folder) is not None
+    for change, expected in (({"stat_size": 8}, "unknown key 'stat_size'"),
+                             ({"state_size": "8"}, 'state_size is "8"; expected an integer'),
+                             ({"model_type": "llama"}, "model_type is \"llama\"; expected 'icl_ssm_compressor'")):
+        (folder / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(ValueError) as err:
+            load_compressor(folder)
+        assert expected in str(err.value) and "config.json" in str(err.value), str(err.value)

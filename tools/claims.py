@@ -69,6 +69,7 @@ from claim_tables.trust import (
     trust_targets,
     verdict,
 )
+from claim_tables.trust_calibrated import trust_calibrated
 
 __all__ = ["RESULTS", "PROVENANCE", "ClaimError", "Records", "validate_record", "TABLES", "render", "check", "main",
            # the renderers' helpers that tests/test_claims.py checks, as they were before tools/claim_tables/
@@ -136,6 +137,7 @@ TABLES: dict[str, tuple[str, Callable[[Records], str]]] = {
     "trust-targets": ("BENCHMARKS.md", trust_targets),
     "trust-runs": ("BENCHMARKS.md", trust_runs),
     "trust-balanced": ("BENCHMARKS.md", trust_balanced),
+    "trust-calibrated": ("BENCHMARKS.md", trust_calibrated),
     "scan": ("BENCHMARKS.md", scan),
     "compressed-caches": ("BENCHMARKS.md", compressed_caches),
     "distillation": ("BENCHMARKS.md", distillation_fidelity),

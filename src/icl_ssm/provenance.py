@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 from datetime import date
 from pathlib import Path
@@ -46,3 +47,31 @@ def provenance(command: str, device: str = "cpu") -> dict[str, Any]:
                             cwd=Path(__file__).parent).stdout.split("\n")
     return {"command": command, **environment(), "device_name": device_name(device),
             "modified_files": [line[3:] for line in status if line.strip()]}
+
+
+def threads_of(machine: str | None) -> int | None:
+    """The torch thread count in an :func:`environment` ``machine`` string, None if absent."""
+    found = re.search(r"(\d+) torch threads", machine or "")
+    return int(found.group(1)) if found else None
+
+
+def made_by_summary(parts: dict[str, dict | None]) -> dict[str, Any]:
+    """What the parts of one result were made by (``parts``: a name, e.g. a stage, to its
+    :func:`environment`-like dict, None where it was not recorded): ``commits`` and ``threads``
+    (the distinct values, sorted), ``dirty`` (the parts run from a checkout with modified tracked
+    files), ``unrecorded`` (parts with no record), and ``mixed``: a sentence when the parts differ
+    in commit or thread count, else None."""
+    recorded = {name: part for name, part in parts.items() if part}
+    commits = sorted({str(p.get("commit"))[:7] for p in recorded.values() if p.get("commit")})
+    threads = sorted({t for p in recorded.values() if (t := threads_of(p.get("machine"))) is not None})
+    dirty = sorted(name for name, p in recorded.items() if p.get("modified_files"))
+    problems = []
+    if len(commits) > 1:
+        problems.append(f"commits {', '.join(commits)}")
+    if len(threads) > 1:
+        by = {t: sorted(n for n, p in recorded.items() if threads_of(p.get("machine")) == t) for t in threads}
+        problems.append("; ".join(f"{t} torch thread{'s' if t != 1 else ''} ({', '.join(names)})"
+                                  for t, names in by.items()))
+    return {"commits": commits, "threads": threads, "dirty": dirty,
+            "unrecorded": sorted(name for name, part in parts.items() if not part),
+            "mixed": "mixes " + " and ".join(problems) if problems else None}

@@ -13,6 +13,7 @@ import statistics
 from typing import NamedTuple
 
 from .base import Records, ci, cite, table
+from .trust_calibrated import made_by
 
 RETRIEVAL = ("bm25", "topk", "bm25 (per query)")
 EQUAL_TIME = "search-equal-time.json"  # the pooled decision over the per-task records it names
@@ -114,7 +115,8 @@ def verdict(count: int, target: int, left: int) -> str:
 
 def trust_evaluation(records: Records) -> list[str]:
     """The pre-registered trust evaluation against its targets, counted over the stored runs."""
-    runs = [r for _, r in records.glob("trust-search/*.json")]
+    named_runs = records.glob("trust-search/*.json")
+    runs = [r for _, r in named_runs]
     c = trust_counts(runs)
     n, rt_cr = c["runs"], c["runs_rt_cr"]
     ratios = [budget_ratio(r) for r in runs]
@@ -151,9 +153,37 @@ def trust_evaluation(records: Records) -> list[str]:
         "shown better than the median random prompt on rotten_tomatoes and cr in >= 7 of 10; the search within "
         "1.1x its budget in every run",
         "`icl-ssm bench trust --tasks rotten_tomatoes cr coin_flip --seeds 5 6 7 8 9 --test-size 400 --records "
-        "docs/results/trust-search` (from the pre-registered commit 74f7bdc)",
-        "CPU, 2 threads", measured,
+        f"docs/results/trust-search` ({commits_of(named_runs)})",
+        f"CPU, {threads_text(named_runs)}", measured,
         "[run by run](#the-pre-registered-trust-evaluation-run-by-run), [records](docs/results/trust-search/)"]
+
+
+def _by_value(named_runs: list[tuple[str, dict]], value) -> dict:
+    """The runs' names grouped by ``value(made_by(run))``."""
+    out: dict = {}
+    for name, run in named_runs:
+        for v in value(made_by(run)):
+            out.setdefault(v, []).append(name.removesuffix(".json"))
+    return out
+
+
+def commits_of(named_runs: list[tuple[str, dict]]) -> str:
+    """'from commit 74f7bdc', or each commit with the runs that used it (a run's stages, where they
+    are recorded, counted one by one)."""
+    by = _by_value(named_runs, lambda m: m["commits"])
+    if len(by) == 1:
+        return f"from commit {next(iter(by))}"
+    main = max(by, key=lambda c: len(by[c]))
+    return f"from commit {main}; " + "; ".join(f"{c} in {', '.join(names)}" for c, names in by.items() if c != main)
+
+
+def threads_text(named_runs: list[tuple[str, dict]]) -> str:
+    """'2 torch threads', or the counts with the runs that ran at the rarer ones."""
+    by = _by_value(named_runs, lambda m: m["threads"])
+    if len(by) <= 1:
+        return f"{next(iter(by), '?')} torch threads"
+    main = max(by, key=lambda t: len(by[t]))
+    return f"{main} torch threads; " + "; ".join(f"{t} in {', '.join(names)}" for t, names in by.items() if t != main)
 
 
 def stored_runs(n: int) -> str:

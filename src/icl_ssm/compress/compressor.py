@@ -30,6 +30,7 @@ from huggingface_hub.dataclasses import strict
 from torch import Tensor, nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
+from icl_ssm import schema
 from icl_ssm.ssm.layer import SYSTEMS, HiPPOSSM, validate_channels, validate_learn_dt
 from icl_ssm.ssm.products import ShiftProducts
 
@@ -335,6 +336,20 @@ def parameter_budget(teacher_config: PreTrainedConfig, teacher_parameters: int, 
             "param_fraction": n / teacher_parameters if teacher_parameters else None}
 
 
+_JSON_TYPES = {bool: schema.BOOLEAN, int: schema.INTEGER, float: schema.NUMBER, str: schema.STRING}
+_SAVED_KEYS = ("architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype")
+
+
+def config_schema() -> dict:
+    """``config.json`` of a saved compressor: every field of :class:`SSMCompressorConfig` with
+    its type, the keys transformers writes into any configuration, and no other key."""
+    own = {name: _JSON_TYPES[type(getattr(SSMCompressorConfig, name))] for name in SSMCompressorConfig.__annotations__
+           if type(getattr(SSMCompressorConfig, name, None)) in _JSON_TYPES}
+    known = {key: {} for key in (*PreTrainedConfig().to_dict(), *_SAVED_KEYS)}
+    return schema.record({**known, **own, "model_type": {"const": SSMCompressorConfig.model_type}},
+                         required=("model_type",), closed=True)
+
+
 def check_compressor_dir(path: str | Path) -> Path:
     """``path`` as a :class:`Path` if it holds a saved compressor's files; else a ValueError naming it."""
     path = Path(path)
@@ -348,6 +363,7 @@ def check_compressor_dir(path: str | Path) -> Path:
                                                     if "control" in inside else "")) if inside else (
                 "; expected the output of SSMCompressor.save_pretrained")
             raise ValueError(f"compressor directory {str(path)!r} has no {name}{hint}")
+    schema.load(path / "config.json", config_schema())
     return path
 
 

@@ -23,13 +23,12 @@ estimated on), which ``icl-ssm answer`` applies by default.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from icl_ssm import atomic
+from icl_ssm import atomic, schema
 from icl_ssm.calibrate import Calibration
 from icl_ssm.data.files import read_records
 from icl_ssm.data.splits import split
@@ -39,6 +38,43 @@ from icl_ssm.lm.models import EMBEDDED_MODELS
 SELECTION_FILE = "selection.json"
 FORMAT = 1  # version of selection.json's layout
 TEMPLATE_FIELDS = ("kind", "labels", "verbalizers", "instruction", "input_prefix", "output_prefix")
+
+_TEXT = {"type": "string", "minLength": 1}
+TEMPLATE_SCHEMA = schema.record({
+    "kind": {"enum": list(KINDS)}, "labels": {"type": "array", "items": schema.STRING},
+    "verbalizers": {"type": "object", "additionalProperties": schema.STRING}, "instruction": schema.STRING,
+    "input_prefix": schema.STRING, "output_prefix": schema.STRING}, closed=True)
+POOL_SCHEMA = schema.record({"size": schema.POSITIVE, "seed": schema.INTEGER, "k": schema.COUNT,
+                             "min_validation": schema.COUNT, "ids_sha256": schema.STRING},
+                            required=("size", "seed"), closed=True)
+SELECTION_SCHEMA = schema.record({
+    "format": {"const": FORMAT}, "model": _TEXT, "task": _TEXT,
+    "demonstrations": {"type": "array", "items": schema.record(
+        {"id": schema.STRING, "text": schema.STRING, "label": schema.STRING,
+         "pool_index": schema.nullable(schema.COUNT)}, required=("id", "text", "label"), closed=True)},
+    "task_options": schema.OBJECT, "template": TEMPLATE_SCHEMA, "chat": schema.BOOLEAN,
+    "pool": schema.nullable(POOL_SCHEMA), "compressor": schema.nullable(_TEXT),
+    "fidelity": schema.nullable(schema.record({"verdict": schema.nullable(schema.STRING), "detail": schema.STRING,
+                                               "source": schema.nullable(schema.STRING)}, closed=True)),
+    "method": schema.nullable(schema.STRING), "calibration": schema.nullable(schema.OBJECT),
+}, required=("format", "model", "task", "demonstrations"), closed=True)
+"""``selection.json``: what :meth:`SelectedPrompt.to_dict` writes (the calibration's own fields
+are checked by :meth:`~icl_ssm.calibrate.Calibration.from_dict`)."""
+
+# the fields read from the files icl-ssm select and icl-ssm run wrote before selection.json
+_COMMON = {"model": _TEXT, "task": _TEXT, "task_options": schema.OBJECT, "pool_size": schema.POSITIVE,
+           "seed": schema.INTEGER, "k": schema.POSITIVE, "queries": schema.COUNT, "confirm_queries": schema.COUNT,
+           "screen_queries": schema.COUNT, "check_size": schema.COUNT}
+SELECT_CONFIG_SCHEMA = schema.record({**_COMMON, "method": schema.STRING, "screen": schema.STRING,
+                                      "evaluator": schema.nullable(schema.STRING), "chat": schema.BOOLEAN,
+                                      "compressor": schema.nullable(_TEXT)})
+RUN_CONFIG_SCHEMA = schema.record({**_COMMON, "methods": {"type": "array", "items": schema.STRING}})
+SUMMARY_SCHEMA = schema.record({"ids": {"type": "array", "items": schema.STRING}, "indices": schema.INDICES})
+REPORT_SCHEMA = schema.record({
+    "handed_over": schema.record({"indices": schema.INDICES, "name": schema.nullable(schema.STRING)}),
+    "compressor": schema.nullable(schema.record({"compressor": schema.nullable(_TEXT)})),
+    "fidelity_verdict": schema.nullable(schema.OBJECT)})
+RECIPE_SCHEMA = schema.record({"k": schema.POSITIVE, "fidelity": schema.nullable(schema.OBJECT)})
 
 
 @dataclass(frozen=True)
@@ -144,6 +180,9 @@ class SelectedPrompt:
             raise ValueError(f"selection {self.where()} does not say how its pool was made (pool size and seed); "
                              "retrieval per input needs it")
         task = task or self.task_object()
+        if isinstance(task, TemplateTask):
+            raise ValueError(f"selection {self.where()}: task {self.task!r} cannot be loaded here, so the candidate "
+                             "pool cannot be rebuilt; retrieval per input needs the task's data")
         p = self.pool
         pool = split(task, pool_size=p["size"], seed=p["seed"], fit=True, k=p.get("k", 0),
                      min_val_size=p.get("min_validation", 0)).pool
@@ -188,12 +227,13 @@ class SelectedPrompt:
 
     @staticmethod
     def from_dict(data: dict[str, Any], source: str | None = None) -> SelectedPrompt:
+        """The selection ``data`` holds (:meth:`to_dict`), checked against :data:`SELECTION_SCHEMA`."""
         where = source or "the selection"
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected a JSON object, found {type(data).__name__}")
         if data.get("format") != FORMAT:
             raise ValueError(f"{where}: selection format {data.get('format')!r}; this icl-ssm reads format {FORMAT}")
-        missing = [key for key in ("model", "task", "demonstrations") if key not in data]
-        if missing:
-            raise ValueError(f"{where}: missing {', '.join(missing)}")
+        schema.validate(data, SELECTION_SCHEMA, where)
         demos = [Demonstration(**d) for d in data["demonstrations"]]
         kept = {key: data[key] for key in ("task_options", "template", "chat", "pool", "compressor", "fidelity",
                                            "method") if key in data}
@@ -229,7 +269,8 @@ class SelectedPrompt:
             raise ValueError(f"selection {str(path)!r} does not exist; expected the --out directory of icl-ssm select "
                              "or icl-ssm run, or a selected.jsonl")
         if (path / SELECTION_FILE).is_file():
-            return SelectedPrompt.from_dict(_read_json(path / SELECTION_FILE), str(path))
+            file = path / SELECTION_FILE
+            return SelectedPrompt.from_dict(schema.load(file, schema.OBJECT), str(file))
         if (path / "select_config.json").is_file():
             return _from_select_dir(path)
         if (path / "run_config.json").is_file():
@@ -310,7 +351,7 @@ def compressor_fidelity(compressor: str | None, verdict: dict[str, Any] | None =
         return {"verdict": passed, "detail": verdict.get("summary") or verdict.get("reason") or "",
                 "source": "the run's fidelity stage"}
     recipe = Path(compressor).parent / "recipe.json"
-    measured = _read_json(recipe).get("fidelity") if recipe.is_file() else None
+    measured = schema.load(recipe, RECIPE_SCHEMA).get("fidelity") if recipe.is_file() else None
     if not measured:
         return {"verdict": None, "detail": "no fidelity measured for this compressor", "source": None}
     numbers = ", ".join(f"{key} {measured[key]:.3f}" for key in ("subset_loss_spearman", "kl", "top1_agree",
@@ -322,16 +363,6 @@ def compressor_fidelity(compressor: str | None, verdict: dict[str, Any] | None =
 
 
 # ---------------------------------------------------------------------- directories written before selection.json
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return data
-
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
     rows = []
@@ -359,13 +390,13 @@ def _template_of(task: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _from_select_dir(path: Path) -> SelectedPrompt:
-    cfg = _read_json(path / "select_config.json")
+    cfg = schema.load(path / "select_config.json", SELECT_CONFIG_SCHEMA)
     if not (path / "selected.jsonl").is_file():
         if (path / "prompts.jsonl").is_file():
             raise ValueError(f"{path} holds a selection per test input (select --per-query), not one prompt; answer "
                              "with --per-query bm25 (or topk) on a selection of one prompt instead")
         raise ValueError(f"{path} has select_config.json but no selected.jsonl; the selection did not finish")
-    summary = _read_json(path / "summary.json") if (path / "summary.json").is_file() else {}
+    summary = schema.load(path / "summary.json", SUMMARY_SCHEMA) if (path / "summary.json").is_file() else {}
     rows = _read_rows(path / "selected.jsonl")
     ids = summary.get("ids")
     indices = summary.get("indices") if ids == [str(r["id"]) for r in rows] else None
@@ -390,11 +421,11 @@ def _reads_compressor(cfg: dict[str, Any]) -> bool:
 
 
 def _from_run_dir(path: Path) -> SelectedPrompt:
-    cfg = _read_json(path / "run_config.json")
+    cfg = schema.load(path / "run_config.json", RUN_CONFIG_SCHEMA)
     if not (path / "selected.jsonl").is_file() or not (path / "report.json").is_file():
         raise ValueError(f"{path} has run_config.json but no selected.jsonl and report.json; the run did not finish "
                          "(rerun icl-ssm run with the same --out to continue it)")
-    report = _read_json(path / "report.json")
+    report = schema.load(path / "report.json", REPORT_SCHEMA)
     rows = _read_rows(path / "selected.jsonl")
     handed = report.get("handed_over") or {}
     options = dict(cfg.get("task_options") or {})
