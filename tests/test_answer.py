@@ -450,3 +450,88 @@ def test_select_calibrate_batch_saves_the_bias_answer_applies(files, tmp_path, c
     assert main(["select", "--model", "tiny-llama", "--task", str(files["data"]), "--k", "3", "--pool-size", "24",
                  "--method", "random", "--calibrate", "search", "--out", str(tmp_path / "x")]) == 2
     assert "--calibrate search pairs every searched prompt" in capsys.readouterr().err
+
+
+def test_a_full_disk_mid_answer_names_the_file_keeps_whole_lines_and_the_rerun_completes(files, tmp_path, capsys,
+                                                                                        monkeypatch):
+    """The disk fills on the third batch: one error naming the partial file and the reason, the
+    lines before it kept whole, no predictions.jsonl; the same command once there is room again
+    writes what an uninterrupted run writes."""
+    import errno
+
+    inputs = small_inputs(files, tmp_path, n=40, name="forty.jsonl")
+    argv = ["answer", str(files["sel"]), str(inputs), "--batch", "8", "--no-zero-shot"]
+    real, calls = os.fsync, {"n": 0}
+
+    def full(fd):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd)
+
+    out = tmp_path / "full"
+    monkeypatch.setattr(os, "fsync", full)
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write {str(out / PARTIAL)!r}: No space left on device" in err and "Traceback" not in err
+    assert "whole lines written before are kept" in err
+    lines = (out / PARTIAL).read_text().splitlines(keepends=True)
+    assert all(line.endswith("\n") and json.loads(line) for line in lines) and not (out / "predictions.jsonl").exists()
+    monkeypatch.setattr(os, "fsync", real)
+    assert main([*argv, "--out", str(out)]) == 0
+    assert main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    assert (out / "predictions.jsonl").read_text() == (tmp_path / "whole" / "predictions.jsonl").read_text()
+
+
+def test_an_unwritable_out_is_refused_naming_the_file_and_the_previous_outputs_stay(files, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """A read-only (or full) directory when the final files are renamed into place: the error names
+    the file, and the predictions of the run before are byte for byte as they were."""
+    import errno
+    import tempfile
+
+    inputs = small_inputs(files, tmp_path, n=8, name="eight.jsonl")
+    out = tmp_path / "ro"
+    argv = ["answer", str(files["sel"]), str(inputs), "--out", str(out), "--no-zero-shot"]
+    assert main(argv) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (out / "predictions.jsonl").unlink()  # answer again: its final files must be written anew
+    before.pop("predictions.jsonl")
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot write" in err and "Read-only file system" in err and str(out) in err
+    after = {p.name: p.read_bytes() for p in out.iterdir() if not p.name.startswith(".")}
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_ids_from_a_users_file_never_steer_where_a_file_is_written(tmp_path, tmp_cache):
+    """A task file and an inputs file whose ids are paths (``../``, absolute, nested, NUL): select
+    and answer write only into their --out folders and the cache, under names of their own."""
+    hostile = ["../../escape", "/tmp/absolute-escape", "nested/dir/x", "..", ".", "x\x00y", "~/home-escape",
+               "C:\\windows\\escape", "sel/../../up"]
+    coin = get_task("coin_flip", size=60).examples()
+    rows = [{"id": hostile[i] if i < len(hostile) else f"plain-{i}", "text": e.input, "label": e.target}
+            for i, e in enumerate(coin)]
+    work = tmp_path / "work"
+    work.mkdir()
+    data = write_jsonl(work / "hostile.jsonl", rows)
+    inputs = write_jsonl(work / "inputs.jsonl", rows[:12])
+    before = {p for p in tmp_path.parent.rglob("*")}
+    sel, out = work / "sel", work / "answers"
+    assert main(["select", "--model", "tiny-llama", "--task", str(data), "-o", "id_field=id", "--k", "3",
+                 "--pool-size", "24", "--queries", "3", "--test-size", "6", "--method", "bm25", "--out", str(sel)]) == 0
+    assert main(["answer", str(sel), str(inputs), "--out", str(out)]) == 0
+    written = {p for p in tmp_path.parent.rglob("*")} - before
+    allowed = (sel, out, Path(tmp_cache))
+    assert all(any(p == a or a in p.parents for a in allowed) for p in written), sorted(map(str, written))
+    names = {p.name for p in written}
+    assert not any(part in name for name in names for part in ("escape", "nested", "absolute", "\x00")), names
+    assert not (tmp_path.parent / "escape").exists() and not Path("/tmp/absolute-escape").exists()
+    selected = json.loads((sel / "selection.json").read_text())
+    assert {d["id"] for d in selected["demonstrations"]} <= {r["id"] for r in rows}

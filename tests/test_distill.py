@@ -366,7 +366,7 @@ def test_killed_process_resumes_to_the_same_weights(tmp_cache, tmp_path):
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     assert not (killed / "model.safetensors").exists()
-    assert main(["distill", *args, "--out", str(killed), "--resume"]) == 0
+    assert main(["distill", *args, "--out", str(killed)]) == 0  # the same command continues the killed run
     assert same_weights(straight, killed)
 
 
@@ -663,3 +663,17 @@ def test_init_from_starts_from_another_tasks_compressor_and_runs_stage_2_only(tm
     assert main(["distill", *other, "--num-virtual", "2", "--init-from", str(source), "--out",
                  str(tmp_path / "bad")]) == 2
     assert "is a compressor of another shape (num_virtual: 4 there, 2 here)" in capsys.readouterr().err
+
+
+def test_a_second_distill_on_the_same_out_is_refused_and_a_killed_start_does_not_block(tmp_cache, tmp_path, capsys):
+    from icl_ssm.lock import LOCK, one_writer
+
+    out = tmp_path / "run"
+    out.mkdir()
+    with one_writer(out, "icl-ssm distill"):
+        assert main(["distill", *SMALL, "--out", str(out)]) == 2
+    assert "is being written by another icl-ssm process" in capsys.readouterr().err
+    (out / LOCK).write_text('{"pid": 999999, "command": "icl-ssm distill", "started": 0}\n')  # a killed start
+    (out / ".distill_config.json.x1.tmp").write_text("{")
+    assert main(["distill", *SMALL, "--out", str(out), "--stop-after", "2"]) == 0
+    assert not (out / ".distill_config.json.x1.tmp").exists() and (out / "checkpoint").is_dir()

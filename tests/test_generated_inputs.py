@@ -314,3 +314,68 @@ def test_any_altered_compressor_loads_or_is_refused_naming_the_file(saved, tmp_p
         tally("compressor directories", "error")
         return
     tally("compressor directories", "result")
+
+
+# ---------------------------------------------------------------------- paths given to commands
+
+PATH_KINDS = ("fresh", "missing", "directory", "empty file", "binary file", "under a file")
+
+
+def make_path(root: Path, kind: str, name: str, good: bytes | None = None) -> Path:
+    """A path of ``kind`` under ``root``: ``fresh`` holds ``good`` (a usable file) or does not
+    exist yet (an --out)."""
+    path = root / name
+    if kind == "fresh":
+        if good is not None:
+            path.write_bytes(good)
+    elif kind == "directory":
+        path.mkdir()
+        (path / "junk.txt").write_text("x")
+    elif kind == "empty file":
+        path.write_bytes(b"")
+    elif kind == "binary file":
+        path.write_bytes(bytes(range(256)) * 4)
+    elif kind == "under a file":
+        (root / "plain").write_text("x")
+        path = root / "plain" / name
+    return path
+
+
+@settings(max_examples=max(8, settings.default.max_examples // 4))
+@given(st.sampled_from(["select", "answer"]), st.sampled_from(PATH_KINDS), st.sampled_from(PATH_KINDS))
+def test_any_path_given_is_used_or_refused_naming_it(tmp_path_factory, capsys, command, kind_in, kind_out):
+    """The input path (select's --task, answer's inputs file) and --out, each fresh or missing, a
+    directory, an empty or binary file, or a path under a file: the command succeeds, or exits 2
+    with one line naming the offending path; nothing half-written is left under --out."""
+    from icl_ssm.cli import main
+
+    root = Path(tmp_path_factory.mktemp("paths"))
+    rows = "".join(json.dumps({"text": e.input, "label": e.target}) + "\n"
+                   for e in get_task("coin_flip", size=40).examples()).encode()
+    source = make_path(root, kind_in, "data.jsonl", rows)
+    out = make_path(root, kind_out, "out")
+    if command == "select":
+        argv = ["select", "--model", "tiny-llama", "--task", str(source), "--k", "2", "--pool-size", "10", "--queries",
+                "2", "--test-size", "4", "--method", "random", "--out", str(out)]
+    else:
+        selection = root / "sel"
+        task = root / "task.jsonl"
+        task.write_bytes(rows)
+        assert main(["select", "--model", "tiny-llama", "--task", str(task), "--k", "2", "--pool-size", "10",
+                     "--queries", "2", "--test-size", "4", "--method", "random", "--out", str(selection)]) == 0
+        capsys.readouterr()
+        argv = ["answer", str(selection), str(source), "--out", str(out), "--no-zero-shot"]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    if out.is_dir():
+        assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    if code == 0:
+        assert kind_in == "fresh" and kind_out in ("fresh", "missing", "directory")
+        tally("paths", "result")
+        return
+    assert code == 2, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"icl-ssm {command}: error:"), err
+    assert str(source) in line or str(out) in line or source.name in line or "out" in line, line
+    tally("paths", "error")

@@ -59,3 +59,18 @@ def test_a_command_on_a_held_out_stops_before_writing(tmp_path, capsys):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+
+
+def test_the_next_writer_removes_the_temporary_files_a_killed_run_left(tmp_path):
+    from icl_ssm.lock import one_writer
+
+    (tmp_path / "stages").mkdir()
+    stale = [tmp_path / ".accuracy.png.upv84qlp.tmp", tmp_path / "stages" / ".check.json.abc.tmp"]
+    for p in stale:
+        p.write_bytes(b"half a file")
+    keep = tmp_path / "report.json"
+    keep.write_text("{}")
+    heard = []
+    with one_writer(tmp_path, "icl-ssm run", say=heard.append):
+        assert not any(p.exists() for p in stale) and keep.exists()
+    assert heard and "removed 2 unfinished temporary file(s)" in heard[0] and ".accuracy.png.upv84qlp.tmp" in heard[0]

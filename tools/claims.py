@@ -30,8 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/claim_tables/,
 from claim_tables.answering import answer_throughput
 from claim_tables.base import RESULTS, p_text, pending
 from claim_tables.calibration import (
+    ALGORITHM2,
     CALIBRATE,
     FIDELITY,
+    algorithm2_calibrated,
     calibrate_equal_time,
     calibrated_fidelity,
     calibration_headroom,
@@ -41,6 +43,7 @@ from claim_tables.demo import demo, demo_time
 from claim_tables.fidelity import compressed_caches, distillation_fidelity, exact_share
 from claim_tables.paper import paper_artefacts
 from claim_tables.readme import readme_results
+from claim_tables.robustness import robustness
 from claim_tables.scale import (
     SCALE_CPU,
     SCALE_PROJECTED,
@@ -138,6 +141,7 @@ TABLES: dict[str, tuple[str, Callable[[Records], str]]] = {
     "trust-runs": ("BENCHMARKS.md", trust_runs),
     "trust-balanced": ("BENCHMARKS.md", trust_balanced),
     "trust-calibrated": ("BENCHMARKS.md", trust_calibrated),
+    "robustness": ("docs/robustness.md", robustness),
     "scan": ("BENCHMARKS.md", scan),
     "compressed-caches": ("BENCHMARKS.md", compressed_caches),
     "distillation": ("BENCHMARKS.md", distillation_fidelity),
@@ -158,6 +162,7 @@ TABLES: dict[str, tuple[str, Callable[[Records], str]]] = {
     "calibration-headroom": ("docs/research/calibration.md", calibration_headroom),
     "calibrate-equal-time": ("docs/research/calibration.md", pending(calibrate_equal_time, CALIBRATE)),
     "calibrated-fidelity": ("docs/research/calibration.md", pending(calibrated_fidelity, FIDELITY)),
+    "algorithm2-calibrated": ("docs/research/calibration.md", pending(algorithm2_calibrated, ALGORITHM2)),
     "calibrate-equal-time-bench": ("BENCHMARKS.md", pending(lambda r: calibrate_equal_time(r, 0), CALIBRATE)),
     "calibration-headroom-bench": ("BENCHMARKS.md", lambda r: calibration_headroom(r, 0)),
 }

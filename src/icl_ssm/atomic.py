@@ -12,18 +12,40 @@ from pathlib import Path
 from typing import IO, Any
 
 
+class NotWritten(OSError):
+    """A file that could not be written (a full disk, a read-only directory): its message names
+    the file, the reason and what was kept."""
+
+    def __init__(self, path: str | Path, err: OSError, kept: str):
+        super().__init__(err.errno, f"cannot write {str(path)!r}: {err.strerror or err}; {kept}")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 def write_with(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
-    """Call ``write(file)`` on a temporary file beside ``path``, then rename it to ``path``."""
+    """Call ``write(file)`` on a temporary file beside ``path``, then rename it to ``path``. An
+    OSError while doing so (no space, no permission) becomes :class:`NotWritten`; whatever was
+    at ``path`` before stays as it was."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         move_in(tmp, path)
+    except OSError as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, NotWritten):
+            raise
+        raise NotWritten(path, err, "the file there before is unchanged" if path.exists() else
+                         "nothing was written in its place") from err
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
     return path
 

@@ -3,8 +3,8 @@ writes there.
 
 A second process on the same directory is refused at once, naming the holder's pid, command and
 start time. The kernel releases the lock when its process ends, however it ends: a killed process
-leaves its line in the file and no lock. The next command takes the lock over and says whose it
-was.
+leaves its line in the file and no lock. The next command takes the lock over, says whose it was,
+and removes the temporary files the killed process left half-written (:func:`sweep`).
 """
 
 from __future__ import annotations
@@ -35,6 +35,16 @@ def _describe(holder: dict) -> str:
     return f"pid {holder.get('pid', '?')}, {holder.get('command') or 'icl-ssm'}, started {when}"
 
 
+def sweep(out: Path) -> list[str]:
+    """Remove the temporary files :mod:`icl_ssm.atomic` writes (``.NAME.XXXX.tmp``) that a killed
+    process left under ``out``; only the lock's holder may, as no other icl-ssm process writes there.
+    Returns their paths relative to ``out``."""
+    stale = [p for p in out.rglob(".*.tmp") if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return sorted(str(p.relative_to(out)) for p in stale)
+
+
 @contextmanager
 def one_writer(out: str | Path, command: str, say: Callable[[str], None] | None = None) -> Iterator[Path]:
     """Hold ``out``'s lock while the block runs; ``out`` must exist. Raises ValueError when another
@@ -53,9 +63,13 @@ def one_writer(out: str | Path, command: str, say: Callable[[str], None] | None 
     try:
         f.seek(0)
         previous = _holder(f.read())
+        tell = say or (lambda line: print(line, file=sys.stderr))
         if previous.get("pid") and previous.get("pid") != os.getpid():
-            (say or (lambda line: print(line, file=sys.stderr)))(
-                f"{out}: took over the lock left by a process that is no longer running ({_describe(previous)})")
+            tell(f"{out}: took over the lock left by a process that is no longer running ({_describe(previous)})")
+        stale = sweep(out)
+        if stale:
+            tell(f"{out}: removed {len(stale)} unfinished temporary file(s) a killed run left ({', '.join(stale[:3])}"
+                 + (", ..." if len(stale) > 3 else "") + ")")
         f.seek(0)
         f.truncate()
         f.write(json.dumps({"pid": os.getpid(), "command": command, "started": time.time()}) + "\n")

@@ -99,3 +99,31 @@ def calibrated_fidelity(records: Records) -> str:
             f"{_num(data.get('dense_split_half_spearman_balanced'))} raw, "
             f"{_num(data.get('dense_split_half_spearman_calibrated'))} with the lean removed. "
             + records.link(FIDELITY, 2))
+
+
+ALGORITHM2 = "calibration/algorithm2-calibrated-rotten_tomatoes-k20.json"
+
+
+def algorithm2_calibrated(records: Records) -> str:
+    """Algorithm 2's reliability on the raw label-balanced subset losses and on the batch-calibrated ones, from the
+    same forward passes, seed by seed."""
+    data = records(ALGORITHM2)
+    rows = []
+    for run in data["runs"]:
+        for target, name in (("raw", "raw balanced loss"), ("batch", "lean removed (batch)")):
+            t = run["targets"][target]
+            need = t.get("subsets_for_0_8")
+            rows.append([str(run["seed"]), name,
+                         f"{t['subset_loss_split_half']:.2f} ({t['subset_loss_reliability']:.2f})",
+                         f"{t['score_split_half']:.2f} ({t['score_reliability']:.2f})",
+                         "never (split-half <= 0)" if need is None else str(need),
+                         f"{t['score_label_spearman']:+.2f}",
+                         str(run["top_k_overlap"]) if target == "batch" else "-"])
+    first = data["runs"][0]
+    return (table(["seed", "target", "subset losses: split-half (reliability)",
+                   "candidates' scores: split-half (reliability)", "subsets for reliability 0.8",
+                   "score vs the candidate's own label (Spearman)", f"top-{data['k']} picks shared with raw"], rows)
+            + f"\n\n{first['subsets']} subsets x {first['queries']} validation queries a seed, k = {data['k']}, pool "
+            f"{data['pool_size']}; both targets from the same dense forward passes. Split-halves: subset losses over "
+            "label-stratified halves of the queries, candidates' scores over alternate permutation blocks of the "
+            "subsets (Spearman; reliability by Spearman-Brown). " + records.link(ALGORITHM2, 2))

@@ -67,14 +67,18 @@ class PredictionsFile:
     def append(self, rows: Sequence[dict[str, Any]]) -> None:
         """Append finished rows in one write, flushed to disk (creating the file with its
         settings line first)."""
-        if self._file is None:
-            fresh = not self.partial.is_file()
-            self._file = open(self.partial, "a")
-            if fresh:
-                self._file.write(json.dumps({"header": HEADER, "settings": self.settings}) + "\n")
-        self._file.write("".join(json.dumps(r) + "\n" for r in rows))
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        try:
+            if self._file is None:
+                fresh = not self.partial.is_file()
+                self._file = open(self.partial, "a")
+                if fresh:
+                    self._file.write(json.dumps({"header": HEADER, "settings": self.settings}) + "\n")
+            self._file.write("".join(json.dumps(r) + "\n" for r in rows))
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as err:
+            raise atomic.NotWritten(self.partial, err, "the whole lines written before are kept, and the same "
+                                    "command continues from them") from err
 
     def close(self) -> None:
         if self._file is not None:

@@ -8,7 +8,9 @@ processes, and every process ends with the same weights)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from icl_ssm.distill.teacher import (
 )
 from icl_ssm.distill.train import train
 from icl_ssm.lm.models import load_model
+from icl_ssm.lock import LOCK, one_writer
 
 
 def teacher_spec(cfg: DistillConfig, model, tokenizer) -> TeacherSpec:
@@ -39,7 +42,9 @@ def teacher_spec(cfg: DistillConfig, model, tokenizer) -> TeacherSpec:
 
 
 def validate_out(out: Path, cfg: DistillConfig, resume: bool) -> str:
-    """``"new"``, ``"resume"`` or ``"done"``; refuses an ``--out`` that holds another run."""
+    """``"new"``, ``"resume"`` (an unfinished run with these settings, whether or not ``resume``
+    was asked) or ``"done"``; refuses an ``--out`` that holds another run, and ``resume`` where
+    there is nothing to continue."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file, not a directory")
     stored_path = out / "distill_config.json"
@@ -54,11 +59,13 @@ def validate_out(out: Path, cfg: DistillConfig, resume: bool) -> str:
             raise ValueError(f"--out {str(out)!r} holds another run (" + "; ".join(diffs) + "); choose another --out")
         if (out / "model.safetensors").exists() and not (out / "checkpoint").exists():
             return "done"
-    elif out.exists() and any(out.iterdir()):
+    elif out.exists() and any(p.name != LOCK and not (p.name.startswith(".") and p.name.endswith(".tmp"))
+                              for p in out.iterdir()):  # the lock and half-written files of a killed start
         raise ValueError(f"--out {str(out)!r} is not empty and holds no icl-ssm distillation run")
-    if (out / "checkpoint").exists():
-        if not resume:
-            raise ValueError(f"--out {str(out)!r} holds an unfinished run: pass --resume to continue it")
+    kept, moved = out / "checkpoint", out / "checkpoint.old"
+    if not kept.exists() and moved.is_dir():  # killed between the two renames of a checkpoint's replacement
+        os.replace(moved, kept)
+    if kept.exists():  # the same settings (checked above): an unfinished run continues, --resume or not
         return "resume"
     if resume:
         raise ValueError(f"--resume: no checkpoint in {str(out)!r}")
@@ -104,8 +111,8 @@ def train_compressor(cfg: DistillConfig, out: str | Path, *, resume: bool = Fals
     ``out`` holds ``distill_config.json``, checkpoints while training and, at the end,
     ``config.json`` + ``model.safetensors`` (load with
     :func:`~icl_ssm.compress.compressor.load_compressor`). A finished run with the same config
-    is returned as it is; an unfinished one needs ``resume=True``; an ``out`` holding another
-    run is refused. ``teacher_cache``: the teacher-target directory (default: keyed by the
+    is returned as it is; an unfinished one with the same settings continues from its checkpoint;
+    an ``out`` holding another run is refused. ``teacher_cache``: the teacher-target directory (default: keyed by the
     settings under ``$ICL_SSM_CACHE/teacher``). Raises
     :class:`~icl_ssm.distill.train.TrainingDiverged` when a loss stops being finite.
     ``stop_after`` stops after that many steps (tests: an interrupted run)."""
@@ -117,32 +124,36 @@ def train_compressor(cfg: DistillConfig, out: str | Path, *, resume: bool = Fals
     if state == "done":
         print(f"{out}: a compressor with this exact configuration is already trained there", file=sys.stderr)
         return out
+    if state == "resume" and not resume:
+        print(f"{out}: continuing the unfinished run there from its last checkpoint (same settings)", file=sys.stderr)
     model, tokenizer = load_model(cfg.model, device=accelerator.device)
     spec = teacher_spec(cfg, model, tokenizer)
     main = accelerator.is_main_process
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-        atomic.write_text(out / "distill_config.json", json.dumps(asdict(cfg), indent=1))
-    plain = _plain(main)
-    with _progress(main) as bar:
-        directory = _teacher_targets(model, tokenizer, spec, teacher_cache, accelerator, bar)
-        teacher = TeacherCache.open(directory, spec)
-        job = bar.add_task("distilling", total=None, info="")
+    with ExitStack() as stack:
+        if main:  # one writer per --out (under accelerate, the main process writes)
+            out.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(one_writer(out, "icl-ssm distill"))
+            atomic.write_text(out / "distill_config.json", json.dumps(asdict(cfg), indent=1))
+        plain = _plain(main)
+        with _progress(main) as bar:
+            directory = _teacher_targets(model, tokenizer, spec, teacher_cache, accelerator, bar)
+            teacher = TeacherCache.open(directory, spec)
+            job = bar.add_task("distilling", total=None, info="")
 
-        def show(record: dict) -> None:
-            keys = ("kv", "kl", "hidden", "rank", "label", "gate_mean")
-            info = f"stage {record['stage']} loss {record['loss']:.4f} " + " ".join(
-                f"{k} {record[k]:.4f}" for k in keys if k in record)
-            if "dt" in record:
-                info += " dt " + ",".join(f"{v:.2g}" for v in record["dt"])
-            done = record["step"] + 1 - record.get("start_step", 0)  # steps run by this process (after resume)
-            info += f" | {done / max(record['seconds'], 1e-9):.2f} steps/s"
-            bar.update(job, completed=record["step"] + 1, total=record["total_steps"], info=info)
-            if plain and ((record["step"] + 1) % 10 == 0 or record["step"] + 1 == record["total_steps"]):
-                print(f"step {record['step'] + 1}/{record['total_steps']} {info}", file=sys.stderr, flush=True)
+            def show(record: dict) -> None:
+                keys = ("kv", "kl", "hidden", "rank", "label", "gate_mean")
+                info = f"stage {record['stage']} loss {record['loss']:.4f} " + " ".join(
+                    f"{k} {record[k]:.4f}" for k in keys if k in record)
+                if "dt" in record:
+                    info += " dt " + ",".join(f"{v:.2g}" for v in record["dt"])
+                done = record["step"] + 1 - record.get("start_step", 0)  # steps run by this process (after resume)
+                info += f" | {done / max(record['seconds'], 1e-9):.2f} steps/s"
+                bar.update(job, completed=record["step"] + 1, total=record["total_steps"], info=info)
+                if plain and ((record["step"] + 1) % 10 == 0 or record["step"] + 1 == record["total_steps"]):
+                    print(f"step {record['step'] + 1}/{record['total_steps']} {info}", file=sys.stderr, flush=True)
 
-        train(model, teacher, cfg, out, resume=state == "resume", accelerator=accelerator, progress=show,
-              stop_after=stop_after)
+            train(model, teacher, cfg, out, resume=state == "resume", accelerator=accelerator, progress=show,
+                  stop_after=stop_after)
     if main:
         print(f"compressor written to {out}", file=sys.stderr)
     return out
