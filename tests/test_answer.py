@@ -494,7 +494,7 @@ def test_an_unwritable_out_is_refused_naming_the_file_and_the_previous_outputs_s
     out = tmp_path / "ro"
     argv = ["answer", str(files["sel"]), str(inputs), "--out", str(out), "--no-zero-shot"]
     assert main(argv) == 0
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = {p.name: p.read_bytes() for p in out.iterdir() if not p.name.startswith(".")}
     (out / "predictions.jsonl").unlink()  # answer again: its final files must be written anew
     before.pop("predictions.jsonl")
 

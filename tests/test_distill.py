@@ -244,7 +244,7 @@ def test_distill_trains_and_stage1_loss_decreases(tmp_cache, tmp_path, capsys):
     os.umask(mask)
     for name in ("model.safetensors", "config.json", "distill_config.json", "history.jsonl"):
         assert (out / name).stat().st_mode & 0o777 == 0o666 & ~mask, name  # not owner-only
-    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # no temporaries left
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [".icl-ssm.lock"]  # no temporaries
     log = capsys.readouterr().err  # not a terminal: plain progress lines instead of bars
     assert re.search(r"teacher targets (\d+)/\1 episodes", log) and re.search(r"step (\d+)/\1 stage 2", log)
     # the same configuration again: nothing to do
@@ -308,14 +308,17 @@ def test_shipped_commands_reproduce_their_configs():
             assert {k: cfg[k] for k in want} == want, (path, key)
 
 
-def test_resume_ends_with_the_same_weights(tmp_cache, tmp_path):
+def test_resume_ends_with_the_same_weights(tmp_cache, tmp_path, capsys):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert main(["distill", *SMALL, "--out", str(straight)]) == 0
     assert main(["distill", *SMALL, "--out", str(resumed), "--stop-after", "5"]) == 0
     assert (resumed / "checkpoint").exists() and not (resumed / "model.safetensors").exists()
-    assert main(["distill", *SMALL, "--out", str(resumed)]) == 2  # unfinished: --resume needed
-    assert main(["distill", *SMALL, "--out", str(resumed), "--resume"]) == 0
+    capsys.readouterr()
+    assert main(["distill", *SMALL, "--out", str(resumed)]) == 0  # the same command continues it
+    assert "continuing the unfinished run there from its last checkpoint" in capsys.readouterr().err
     assert same_weights(straight, resumed)
+    assert main(["distill", *SMALL, "--out", str(tmp_path / "none"), "--resume"]) == 2  # nothing to continue
+    assert "--resume: no checkpoint in" in capsys.readouterr().err
 
 
 class Planted:

@@ -37,13 +37,22 @@ def record(properties: dict[str, Any], *, required: tuple[str, ...] = (), closed
 def validate(data: Any, schema: dict[str, Any], where: str) -> Any:
     """``data`` if it satisfies ``schema``; else a ValueError: ``where`` (the file), the key
     path, the value found and what is accepted. Of several faults the most specific one is named."""
-    from jsonschema import Draft202012Validator
     from jsonschema.exceptions import best_match
 
-    error = best_match(Draft202012Validator(schema).iter_errors(data))
+    error = best_match(_validator()(schema).iter_errors(data))
     if error is None:
         return data
     raise ValueError(f"{where}: {_describe(error)}")
+
+
+def _validator():
+    """Draft 2020-12 with an ``integer`` that is an int as written: 1.0 is refused where a count
+    or seed is read (the draft counts it as an integer; Python's ranges and seeds do not)."""
+    from jsonschema import Draft202012Validator, validators
+
+    checker = Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool))
+    return validators.extend(Draft202012Validator, type_checker=checker)
 
 
 def load(path: str | Path, schema: dict[str, Any]) -> Any:

@@ -64,7 +64,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_task_option_flags(p)
     p.add_argument("--out", help="directory for the compressor, its config and checkpoints (required unless "
                    "--teacher-only)")
-    p.add_argument("--resume", action="store_true", help="require an unfinished run in --out to continue (one with the same settings continues without it)")
+    p.add_argument("--resume", action="store_true",
+                   help="require an unfinished run in --out to continue (one with the same settings continues "
+                        "without it)")
     p.add_argument("--teacher-cache", default=None,
                    help="teacher cache directory (default: keyed by settings under $ICL_SSM_CACHE/teacher)")
     p.add_argument("--teacher-only", action="store_true",

@@ -377,8 +377,8 @@ def load_compressor(path: str | Path, teacher_config: PreTrainedConfig | None = 
         with safe_open(str(path / "model.safetensors"), framework="pt") as f:
             list(f.keys())
         model = SSMCompressor.from_pretrained(str(path), **kwargs)
-    except ValueError:
-        raise
+    except ValueError as err:  # a value the configuration refuses: name the file it came from
+        raise ValueError(f"{path / 'config.json'}: {err}") from err
     except Exception as err:  # safetensors, json and OS errors: one clear message
         raise ValueError(
             f"compressor checkpoint {str(path / 'model.safetensors')!r} could not be read "

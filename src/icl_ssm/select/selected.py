@@ -44,7 +44,7 @@ TEMPLATE_SCHEMA = schema.record({
     "kind": {"enum": list(KINDS)}, "labels": {"type": "array", "items": schema.STRING},
     "verbalizers": {"type": "object", "additionalProperties": schema.STRING}, "instruction": schema.STRING,
     "input_prefix": schema.STRING, "output_prefix": schema.STRING}, closed=True)
-POOL_SCHEMA = schema.record({"size": schema.POSITIVE, "seed": schema.INTEGER, "k": schema.COUNT,
+POOL_SCHEMA = schema.record({"size": schema.POSITIVE, "seed": schema.COUNT, "k": schema.COUNT,
                              "min_validation": schema.COUNT, "ids_sha256": schema.STRING},
                             required=("size", "seed"), closed=True)
 SELECTION_SCHEMA = schema.record({
@@ -63,7 +63,7 @@ are checked by :meth:`~icl_ssm.calibrate.Calibration.from_dict`)."""
 
 # the fields read from the files icl-ssm select and icl-ssm run wrote before selection.json
 _COMMON = {"model": _TEXT, "task": _TEXT, "task_options": schema.OBJECT, "pool_size": schema.POSITIVE,
-           "seed": schema.INTEGER, "k": schema.POSITIVE, "queries": schema.COUNT, "confirm_queries": schema.COUNT,
+           "seed": schema.COUNT, "k": schema.POSITIVE, "queries": schema.COUNT, "confirm_queries": schema.COUNT,
            "screen_queries": schema.COUNT, "check_size": schema.COUNT}
 SELECT_CONFIG_SCHEMA = schema.record({**_COMMON, "method": schema.STRING, "screen": schema.STRING,
                                       "evaluator": schema.nullable(schema.STRING), "chat": schema.BOOLEAN,
@@ -325,7 +325,10 @@ def canonical_model(name: str) -> str:
     if spec is not None:
         return spec.name
     path = Path(key).expanduser()
-    return str(path.resolve()) if path.exists() else key
+    try:
+        return str(path.resolve()) if path.exists() else key
+    except (OSError, ValueError):  # not a path this system can hold (too long, a NUL byte): a name
+        return key
 
 
 def ids_hash(examples: Sequence[Example]) -> str:
