@@ -89,8 +89,11 @@ class Calibration:
         inputs = data.get("inputs", 0)
         if not isinstance(inputs, int) or isinstance(inputs, bool) or inputs < 0:
             raise ValueError(f"{where}: inputs {inputs!r}; expected a count >= 0")
-        return Calibration(data["method"], tuple(labels), tuple(float(b) for b in bias), inputs,
-                           str(data.get("source", "")))
+        try:
+            return Calibration(data["method"], tuple(labels), tuple(float(b) for b in bias), inputs,
+                               str(data.get("source", "")))
+        except ValueError as err:  # a bias per label, each finite: name where the values came from
+            raise ValueError(f"{where}: {err}") from err
 
 
 def no_calibration(labels: Sequence[str]) -> Calibration:
