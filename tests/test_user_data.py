@@ -327,3 +327,16 @@ def test_a_compressor_config_with_a_misspelt_or_mistyped_field_is_refused_naming
         with pytest.raises(ValueError) as err:
             load_compressor(folder)
         assert expected in str(err.value) and "config.json" in str(err.value), str(err.value)
+
+
+def test_no_path_in_the_package_unpickles_a_file():
+    """Weights through safetensors, training state with ``weights_only=True``: no source file of
+    the package calls a loader that can run code from a file someone sent."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "icl_ssm"
+    risky = ("weights_only=False", "pickle.load(", "pickle.loads(", "allow_pickle=True", "dill.load", "joblib.load")
+    found = [f"{p.relative_to(src)}: {r}" for p in src.rglob("*.py") for r in risky if r in p.read_text()]
+    assert found == []
+    loads = [p.relative_to(src) for p in src.rglob("*.py") if "torch.load(" in p.read_text()]
+    assert all("weights_only=True" in (src / p).read_text() for p in loads), loads
