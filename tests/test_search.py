@@ -246,7 +246,7 @@ def test_the_equal_time_bench_takes_a_compressor_per_task_and_refuses_one_it_can
     from icl_ssm.bench.search import arm_compressors
 
     (tmp_path / "G").mkdir()
-    (tmp_path / "G" / "config.json").write_text("{}")
+    (tmp_path / "G" / "config.json").write_text('{"model_type": "icl_ssm_compressor"}')
     (tmp_path / "G" / "model.safetensors").write_bytes(b"")
     given = arm_compressors(["rotten_tomatoes", "cr"], {"cr": str(tmp_path / "G")}, {})
     assert given == {"cr": {"compressed": str(tmp_path / "G")}}
