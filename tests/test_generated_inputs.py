@@ -199,8 +199,7 @@ def altered_json(draw, document):
         return json.dumps(_replace(document, path, draw(VALUE)), allow_nan=True)
     if how == "drop":
         path = draw(st.sampled_from([p for p in paths if isinstance(p[-1], str)]))
-        parent = _replace(document, (), document)
-        node = parent
+        node = document
         for key in path[:-1]:
             node = node[key]
         node = {k: v for k, v in node.items() if k != path[-1]}

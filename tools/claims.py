@@ -142,6 +142,7 @@ TABLES: dict[str, tuple[str, Callable[[Records], str]]] = {
     "trust-balanced": ("BENCHMARKS.md", trust_balanced),
     "trust-calibrated": ("BENCHMARKS.md", trust_calibrated),
     "robustness": ("docs/robustness.md", robustness),
+    "robustness-bench": ("BENCHMARKS.md", lambda r: robustness(r, 0)),
     "scan": ("BENCHMARKS.md", scan),
     "compressed-caches": ("BENCHMARKS.md", compressed_caches),
     "distillation": ("BENCHMARKS.md", distillation_fidelity),

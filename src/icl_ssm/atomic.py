@@ -23,6 +23,13 @@ class NotWritten(OSError):
         return str(self.strerror)
 
 
+def is_temporary(path: str | Path) -> bool:
+    """Whether ``path`` is named like the temporary files :func:`write_with` writes
+    (``.NAME.XXXX.tmp``): what a killed writer leaves half-written."""
+    name = Path(path).name
+    return name.startswith(".") and name.endswith(".tmp")
+
+
 def write_with(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
     """Call ``write(file)`` on a temporary file beside ``path``, then rename it to ``path``. An
     OSError while doing so (no space, no permission) becomes :class:`NotWritten`; whatever was
@@ -36,16 +43,12 @@ def write_with(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
             f.flush()
             os.fsync(f.fileno())
         move_in(tmp, path)
-    except OSError as err:
+    except BaseException as err:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, NotWritten):
-            raise
-        raise NotWritten(path, err, "the file there before is unchanged" if path.exists() else
-                         "nothing was written in its place") from err
-    except BaseException:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and not isinstance(err, NotWritten):
+            raise NotWritten(path, err, "the file there before is unchanged" if path.exists() else
+                             "nothing was written in its place") from err
         raise
     return path
 

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from icl_ssm import atomic
+
 LOCK = ".icl-ssm.lock"
 
 
@@ -39,7 +41,7 @@ def sweep(out: Path) -> list[str]:
     """Remove the temporary files :mod:`icl_ssm.atomic` writes (``.NAME.XXXX.tmp``) that a killed
     process left under ``out``; only the lock's holder may, as no other icl-ssm process writes there.
     Returns their paths relative to ``out``."""
-    stale = [p for p in out.rglob(".*.tmp") if p.is_file()]
+    stale = [p for p in out.rglob("*") if p.is_file() and atomic.is_temporary(p)]
     for p in stale:
         p.unlink(missing_ok=True)
     return sorted(str(p.relative_to(out)) for p in stale)

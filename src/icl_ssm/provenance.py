@@ -59,8 +59,7 @@ def made_by_summary(parts: dict[str, dict | None]) -> dict[str, Any]:
     """What the parts of one result were made by (``parts``: a name, e.g. a stage, to its
     :func:`environment`-like dict, None where it was not recorded): ``commits`` and ``threads``
     (the distinct values, sorted), ``dirty`` (the parts run from a checkout with modified tracked
-    files), ``unrecorded`` (parts with no record), and ``mixed``: a sentence when the parts differ
-    in commit or thread count, else None."""
+    files) and ``mixed``: a sentence when the parts differ in commit or thread count, else None."""
     recorded = {name: part for name, part in parts.items() if part}
     commits = sorted({str(p.get("commit"))[:7] for p in recorded.values() if p.get("commit")})
     threads = sorted({t for p in recorded.values() if (t := threads_of(p.get("machine"))) is not None})
@@ -73,5 +72,14 @@ def made_by_summary(parts: dict[str, dict | None]) -> dict[str, Any]:
         problems.append("; ".join(f"{t} torch thread{'s' if t != 1 else ''} ({', '.join(names)})"
                                   for t, names in by.items()))
     return {"commits": commits, "threads": threads, "dirty": dirty,
-            "unrecorded": sorted(name for name, part in parts.items() if not part),
             "mixed": "mixes " + " and ".join(problems) if problems else None}
+
+
+def record_made_by(record: dict[str, Any]) -> dict[str, Any]:
+    """:func:`made_by_summary` of a run's record: its stages (``stages_made_by``, what
+    ``icl-ssm run`` reports) and its test scoring (``scored_on_test_by``); a record from before
+    per-stage provenance, its process's ``environment`` alone."""
+    parts = dict(record.get("stages_made_by") or {})
+    if record.get("scored_on_test_by"):
+        parts["test scoring"] = record["scored_on_test_by"]
+    return made_by_summary(parts or {"process": record.get("environment")})

@@ -9,6 +9,7 @@ that reads such JSON keeps its schema beside the code that reads it.
 from __future__ import annotations
 
 import json
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ def validate(data: Any, schema: dict[str, Any], where: str) -> Any:
     raise ValueError(f"{where}: {_describe(error)}")
 
 
+@cache
 def _validator():
     """Draft 2020-12 with an ``integer`` that is an int as written: 1.0 is refused where a count
     or seed is read (the draft counts it as an integer; Python's ranges and seeds do not)."""

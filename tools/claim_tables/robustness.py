@@ -1,6 +1,6 @@
-"""docs/robustness.md's table: the generated-input tests' long profile and the SIGKILL harness, each against its
-target, read from ``fuzz-inputs-long.json`` (``tools/fuzz_inputs.sh``) and ``kill-resume.json``
-(``tools/kill_resume.py``)."""
+"""docs/robustness.md's table, and BENCHMARKS' copy: the generated-input tests' long profile and the SIGKILL
+harness, each against its target, read from ``fuzz-inputs-long.json`` (``tools/fuzz_inputs.sh``) and
+``kill-resume.json`` (``tools/kill_resume.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ FUZZ, KILLS = "fuzz-inputs-long.json", "kill-resume.json"
 FUZZ_TARGET, KILL_TARGET = 1000, 20
 
 
-def robustness(records: Records) -> str:
+def robustness(records: Records, depth: int = 1) -> str:
+    """The two targets, measured; ``depth``: the page's folders below the root (its record links)."""
     fuzz, kills = records(FUZZ), records(KILLS)
     cases = fuzz["cases"]
     by_kind = "; ".join(f"{name}: {c['result']} results, {c['error']} refusals" for name, c in cases.items())
@@ -31,12 +32,13 @@ def robustness(records: Records) -> str:
          "result or one error naming the input; no traceback",
          f"`{fuzz['provenance']['command']}` (`tools/fuzz_inputs.sh`)", fuzz["provenance"]["machine"],
          f"{fuzz['total']} cases, {fuzz['failed']} failed ({by_kind}): " + ("met" if fuzz_ok else "**not met**"),
-         records.link(FUZZ, 1)],
+         records.link(FUZZ, depth)],
         [f">= {KILL_TARGET} SIGKILLs at random points of `run`, `select`, `answer`, `distill`: the same command again "
          "completes, its outputs those of an uninterrupted run",
-         f"`{kills['provenance']['command']}`", kills["provenance"]["machine"],
+         f"`{kills['provenance']['command']}`",
+         f"{kills['provenance']['machine'].split(',')[0]}, cpu; each command in a subprocess on 1 torch thread",
          f"{s['kills']} kills: {s['reruns_completed']} of {s['attempts']} reruns completed, "
          f"{s['identical_after_a_kill']} of {s['kills']} identical ({each}): " + ("met" if kill_ok else "**not met**"),
-         records.link(KILLS, 1)],
+         records.link(KILLS, depth)],
     ]
     return table(["target", "command", "machine", "measured", "record"], rows)

@@ -12,15 +12,15 @@ The rule, fixed before any of these records was read:
   the handed-over prompt is at or above 12 of the 16 calibrated plain random prompts (correct test answers, a tie
   counting as at) in at least 70% of them.
 
-Each run's provenance is read per stage (:func:`made_by`): a run whose stages or test scoring ran from other
-commits or thread counts is named.
+Each run's provenance is read per stage: a run whose stages or test scoring ran from other
+commits or thread counts is named (:func:`~icl_ssm.provenance.record_made_by`).
 """
 
 from __future__ import annotations
 
 import statistics
 
-from icl_ssm.provenance import made_by_summary
+from icl_ssm.provenance import record_made_by as made_by
 
 from .base import Records, ci, table
 
@@ -32,17 +32,6 @@ SHARE_TARGET = 0.70
 AT_OR_ABOVE = 12  # of 16
 COMMAND = ("`icl-ssm bench trust --tasks rotten_tomatoes cr coin_flip --seeds 15 16 17 18 19 --test-size 400 "
            "--records docs/results/trust-calibrated`")
-
-
-def made_by(run: dict) -> dict:
-    """:func:`~icl_ssm.provenance.made_by_summary` over a trust run's stages and its test scoring
-    (a record from before per-stage provenance: its process's environment alone)."""
-    parts = dict(run.get("stages_made_by") or {})
-    if run.get("scored_on_test_by"):
-        parts["test scoring"] = run["scored_on_test_by"]
-    if not parts:
-        parts["process"] = run.get("environment")
-    return made_by_summary(parts)
 
 
 def shown_worse(vs: dict | None) -> bool:

@@ -36,7 +36,7 @@ from icl_ssm.evaluate.stats import paired_bootstrap
 from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.pipeline import RunConfig, held_out_start, run_pipeline, run_splits
-from icl_ssm.provenance import environment, made_by_summary
+from icl_ssm.provenance import environment, record_made_by
 from icl_ssm.select.check import random_prompts
 from icl_ssm.select.evaluate import calibrate_prompt, evaluate_calibrated, evaluate_selection
 from icl_ssm.select.per_query import per_query_selection
@@ -257,8 +257,7 @@ def trust_markdown(rows: Sequence[dict], summary: dict) -> str:
               f"rotten_tomatoes and cr: {s['shown_better_than_median_plain_rt_cr']} of {s['runs_rt_cr']} (balanced: "
               f"{s['shown_better_than_median_balanced_rt_cr']}); the search within 1.1x its budget in "
               f"{s['search_within_1_1_budget']} of {s['search_runs']}."]
-    mixed = [f"{r['task']} seed {r['seed']} {m}" for r in rows if (m := made_by_summary(
-        {**(r.get("stages_made_by") or {}), "test scoring": r.get("scored_on_test_by")})["mixed"])]
+    mixed = [f"{r['task']} seed {r['seed']} {m}" for r in rows if (m := record_made_by(r)["mixed"])]
     if mixed:
         lines += ["", "Runs made by more than one commit or thread count: " + "; ".join(mixed) + "."]
     return "\n".join(lines) + "\n"

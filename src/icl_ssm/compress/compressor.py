@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -340,6 +341,7 @@ _JSON_TYPES = {bool: schema.BOOLEAN, int: schema.INTEGER, float: schema.NUMBER, 
 _SAVED_KEYS = ("architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype")
 
 
+@cache
 def config_schema() -> dict:
     """``config.json`` of a saved compressor: every field of :class:`SSMCompressorConfig` with
     its type, the keys transformers writes into any configuration, and no other key."""
