@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
@@ -129,31 +129,31 @@ def train_compressor(cfg: DistillConfig, out: str | Path, *, resume: bool = Fals
     model, tokenizer = load_model(cfg.model, device=accelerator.device)
     spec = teacher_spec(cfg, model, tokenizer)
     main = accelerator.is_main_process
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-    plain = _plain(main)
-    # one writer per --out (under accelerate, the main process writes)
-    with one_writer(out, "icl-ssm distill") if main else nullcontext(), _progress(main) as bar:
-        if main:
+    with ExitStack() as stack:
+        if main:  # one writer per --out (under accelerate, the main process writes)
+            out.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(one_writer(out, "icl-ssm distill"))
             atomic.write_text(out / "distill_config.json", json.dumps(asdict(cfg), indent=1))
-        directory = _teacher_targets(model, tokenizer, spec, teacher_cache, accelerator, bar)
-        teacher = TeacherCache.open(directory, spec)
-        job = bar.add_task("distilling", total=None, info="")
+        plain = _plain(main)
+        with _progress(main) as bar:
+            directory = _teacher_targets(model, tokenizer, spec, teacher_cache, accelerator, bar)
+            teacher = TeacherCache.open(directory, spec)
+            job = bar.add_task("distilling", total=None, info="")
 
-        def show(record: dict) -> None:
-            keys = ("kv", "kl", "hidden", "rank", "label", "gate_mean")
-            info = f"stage {record['stage']} loss {record['loss']:.4f} " + " ".join(
-                f"{k} {record[k]:.4f}" for k in keys if k in record)
-            if "dt" in record:
-                info += " dt " + ",".join(f"{v:.2g}" for v in record["dt"])
-            done = record["step"] + 1 - record.get("start_step", 0)  # steps run by this process (after resume)
-            info += f" | {done / max(record['seconds'], 1e-9):.2f} steps/s"
-            bar.update(job, completed=record["step"] + 1, total=record["total_steps"], info=info)
-            if plain and ((record["step"] + 1) % 10 == 0 or record["step"] + 1 == record["total_steps"]):
-                print(f"step {record['step'] + 1}/{record['total_steps']} {info}", file=sys.stderr, flush=True)
+            def show(record: dict) -> None:
+                keys = ("kv", "kl", "hidden", "rank", "label", "gate_mean")
+                info = f"stage {record['stage']} loss {record['loss']:.4f} " + " ".join(
+                    f"{k} {record[k]:.4f}" for k in keys if k in record)
+                if "dt" in record:
+                    info += " dt " + ",".join(f"{v:.2g}" for v in record["dt"])
+                done = record["step"] + 1 - record.get("start_step", 0)  # steps run by this process (after resume)
+                info += f" | {done / max(record['seconds'], 1e-9):.2f} steps/s"
+                bar.update(job, completed=record["step"] + 1, total=record["total_steps"], info=info)
+                if plain and ((record["step"] + 1) % 10 == 0 or record["step"] + 1 == record["total_steps"]):
+                    print(f"step {record['step'] + 1}/{record['total_steps']} {info}", file=sys.stderr, flush=True)
 
-        train(model, teacher, cfg, out, resume=state == "resume", accelerator=accelerator, progress=show,
-              stop_after=stop_after)
+            train(model, teacher, cfg, out, resume=state == "resume", accelerator=accelerator, progress=show,
+                  stop_after=stop_after)
     if main:
         print(f"compressor written to {out}", file=sys.stderr)
     return out
