@@ -32,7 +32,7 @@ DEMO_OUT ?= demo
 
 # the whole method on the embedded SmolLM2-135M; a second run reuses the finished stages
 demo: $(STAMP)
-	$(VENV)/bin/icl-ssm run --out $(DEMO_OUT)
+	$(VENV)/bin/icl-ssm run --methods search random bm25 topk --out $(DEMO_OUT)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests

@@ -1,6 +1,7 @@
 """``icl-ssm run`` end to end on a tiny random model and a generated task (no download)."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -143,18 +144,12 @@ def test_the_fidelity_check_chooses_affinitys_evaluator(data, tmp_path, tmp_cach
         RunConfig(evaluator="window").validate()
 
 
-def test_run_takes_the_shipped_compressor_and_its_accuracies_count_right_answers(data, tmp_path, tmp_cache,
-                                                                                 monkeypatch, capsys):
-    """The branch `make demo` takes (a compressor shipped for the model, task and k, with its
-    control), on a tiny shipped root; every accuracy in the report is the share of test answers
-    that an independent prediction from the whole prompt gets right."""
+def ship_tiny_compressor(data: str, tmp_path, monkeypatch) -> Path:
+    """A compressor and its control shipped for tiny-llama / ``data`` / k=3 on a temporary root."""
     import torch
 
     from icl_ssm.compress import pretrained as pretrained_mod
     from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
-    from icl_ssm.lm.models import load_model
-    from icl_ssm.lm.prompts import PromptBuilder
-    from icl_ssm.lm.scoring import predict_labels
     from icl_ssm.lm.tiny import tiny_model
 
     shipped = tmp_path / "shipped" / "tiny--coin--k3"
@@ -166,6 +161,38 @@ def test_run_takes_the_shipped_compressor_and_its_accuracies_count_right_answers
             SSMCompressor(config).save_pretrained(shipped / name)
     (shipped / "recipe.json").write_text(json.dumps({"model": "tiny-llama", "tasks": [data], "k": 3}))
     monkeypatch.setattr(pretrained_mod, "pretrained_root", lambda: tmp_path / "shipped")
+    return shipped
+
+
+def test_a_shipped_compressor_no_method_reads_is_not_measured(data, tmp_path, tmp_cache, monkeypatch, capsys):
+    """Without affinity, BRIDGE or a compressed screen nothing reads the fidelity verdict: the run
+    skips the fidelity stage, says so, and selects on dense caches; with affinity it measures it."""
+    ship_tiny_compressor(data, tmp_path, monkeypatch)
+    out = tmp_path / "run"
+    assert main(run_args(data, out, "--methods", "random", "bm25", "--test-orders", "0", "--no-headroom",
+                         distill=False)) == 0
+    assert "compressor is not used and its fidelity not measured" in capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    assert report["compressor"]["source"] == "unused" and report["fidelity"] is None
+    assert not (out / "stages" / "fidelity.json").exists()
+    assert "fidelity was not measured" in report["fidelity_verdict"]["reason"]
+    out = tmp_path / "run-affinity"
+    assert main(run_args(data, out, "--methods", "affinity", "--no-dense-evaluator", "--test-orders", "0",
+                         "--no-headroom", distill=False)) == 0
+    assert (out / "stages" / "fidelity.json").exists()
+    assert json.loads((out / "report.json").read_text())["compressor"]["source"] == "shipped"
+
+
+def test_run_takes_the_shipped_compressor_and_its_accuracies_count_right_answers(data, tmp_path, tmp_cache,
+                                                                                 monkeypatch, capsys):
+    """The branch `make demo` takes (a compressor shipped for the model, task and k, with its
+    control), on a tiny shipped root; every accuracy in the report is the share of test answers
+    that an independent prediction from the whole prompt gets right."""
+    from icl_ssm.lm.models import load_model
+    from icl_ssm.lm.prompts import PromptBuilder
+    from icl_ssm.lm.scoring import predict_labels
+
+    shipped = ship_tiny_compressor(data, tmp_path, monkeypatch)
     out = tmp_path / "run"
     assert main(run_args(data, out, "--methods", "affinity", "random", "--no-dense-evaluator", "--evaluator",
                          "compressed", "--test-orders", "0", distill=False)) == 0

@@ -7,7 +7,8 @@ that produced it, so a rerun skips what is already done and an interrupted run c
    for this model and task; else, with ``--distill``, a short ``icl-ssm distill`` into
    ``OUT/compressor`` (resumed if interrupted); else none (dense caches, the search unscreened);
 2. ``fidelity`` - ``icl-ssm fidelity`` on held-out subsets, with the shipped control when there is
-   one, and the fidelity verdict (:mod:`icl_ssm.evaluate.verdict`); skipped without a compressor;
+   one, and the fidelity verdict (:mod:`icl_ssm.evaluate.verdict`); skipped without a compressor, or
+   when no method asked reads the verdict (:func:`uses_compressor`);
 3. ``select-<method>`` - the prompt search (``search``: screen, dense confirmation, order;
    :mod:`icl_ssm.select.search`), ``affinity`` on compressed caches, the baselines, and
    (``--dense-evaluator``) affinity on dense caches for the cost and quality comparison; each
@@ -276,9 +277,14 @@ def _run_pipeline(cfg: RunConfig, out: Path) -> dict:
     stages = Stages(out)
     atomic.write_json(out / "run_config.json", asdict(cfg))
     comp = resolve_compressor(cfg, out, stages)
+    if comp["compressor"] is not None and not uses_compressor(cfg):
+        say(f"the {comp['source']} compressor is not used and its fidelity not measured: no method asked scores "
+            "subsets on compressed caches (affinity or bridge with --evaluator auto or compressed, or --screen auto "
+            "or compressed)")
+        comp = {"compressor": None, "control": None, "source": "unused"}
 
     fidelity = None if comp["compressor"] is None else fidelity_stage(cfg, comp, stages)
-    verdict = choose_evaluator(cfg, fidelity)
+    verdict = choose_evaluator(cfg, fidelity, unused=comp["source"] == "unused")
     model, tokenizer = load_model(cfg.model)
     compressor = None if comp["compressor"] is None else load_compressor(comp["compressor"], model.config)
     base = SelectConfig(model=cfg.model, task=cfg.task, k=cfg.k, compressor=comp["compressor"],
@@ -395,17 +401,29 @@ def equal_cost_stage(cfg: RunConfig, stages: Stages, base: SelectConfig, dense: 
     return stages.put("select-affinity-equal-cost", key, summary)
 
 
-def choose_evaluator(cfg: RunConfig, fidelity: dict | None) -> dict:
+def uses_compressor(cfg: RunConfig) -> bool:
+    """Whether a method ``cfg`` asks for may score subsets on compressed caches, so that the
+    fidelity stage's verdict is read: affinity or BRIDGE not forced onto dense caches, or a
+    search screen of ``auto`` or ``compressed``."""
+    evaluated = any(m in EVALUATED for m in cfg.methods) and cfg.evaluator != "dense"
+    screened = "search" in cfg.methods and cfg.screen in ("auto", "compressed")
+    return evaluated or screened
+
+
+def choose_evaluator(cfg: RunConfig, fidelity: dict | None, unused: bool = False) -> dict:
     """The evaluator of affinity, BRIDGE and the search's screen:
     :func:`~icl_ssm.evaluate.verdict.fidelity_verdict` on the fidelity stage (``cfg.evaluator="auto"``),
     or the one ``cfg.evaluator`` forces. The verdict is printed whether it passes or fails; a
     forced evaluator says so, and compressed caches forced against a failed verdict are warned about.
-    Without a compressor (``fidelity`` None) the evaluator is dense and the reason says so."""
+    Without a compressor (``fidelity`` None) the evaluator is dense and the reason says so; ``unused``:
+    there was one, but no method asked reads the verdict (:func:`uses_compressor`)."""
     if fidelity is None:
-        if cfg.evaluator == "compressed":
+        if cfg.evaluator == "compressed" and not unused:
             raise ValueError(f"--evaluator compressed needs a compressor, and none is shipped for --model {cfg.model} "
                              f"and --task {cfg.task}: pass --compressor DIR or --distill")
-        reason = "no compressor was given, shipped or distilled, so affinity scores subsets on dense caches"
+        reason = ("no method asked scores subsets on compressed caches, so the compressor's fidelity was not measured"
+                  if unused else
+                  "no compressor was given, shipped or distilled, so affinity scores subsets on dense caches")
         return {"evaluator": "dense", "verdict": "dense", "reason": reason, "summary": reason, "checks": []}
     verdict = fidelity_verdict(fidelity, max_accuracy_drop=cfg.max_accuracy_drop)
     verdict["verdict"] = verdict["evaluator"]
