@@ -11,9 +11,9 @@ STAMP := $(VENV)/.icl-ssm-installed
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml $(CONSTRAINTS) | $(PY)
+$(STAMP): pyproject.toml bench/pyproject.toml $(CONSTRAINTS) | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(PIP_FLAGS) -e '.[test]'
+	$(PY) -m pip install --quiet $(PIP_FLAGS) -e '.[test]' -e bench/
 	touch $@
 
 install: $(STAMP)
@@ -35,7 +35,7 @@ demo: $(STAMP)
 	$(VENV)/bin/icl-ssm run --methods search random bm25 topk --out $(DEMO_OUT)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff check src tests tools research bench
 
 bench: $(STAMP)
 	$(VENV)/bin/icl-ssm bench scan

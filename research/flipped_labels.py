@@ -1,6 +1,6 @@
 """The flipped-label probe on a language task: do the dense prompt, the compressed cache and its
 control give a prompt with every label flipped a different validation loss than the prompt as
-it is?  Prints one JSON object (select.probe.flipped_label_probe per evaluator).
+it is?  Prints one JSON object (probe.flipped_label_probe per evaluator).
 
     python research/flipped_labels.py --compressor DIR [--control DIR] [--task rotten_tomatoes]
         [--k 20] [--subsets 24] [--queries 16] [--seed 0]
@@ -12,6 +12,7 @@ import argparse
 import json
 
 import numpy as np
+from probe import flipped_label_probe, state_separability  # research/probe.py
 
 from icl_ssm.compress.compressor import load_compressor
 from icl_ssm.data.splits import split
@@ -19,7 +20,6 @@ from icl_ssm.data.tasks import get_task
 from icl_ssm.lm.models import load_model, resolve_device
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.evaluators import CacheEvaluator
-from icl_ssm.select.probe import flipped_label_probe, state_separability
 from icl_ssm.select.sampling import balanced_subsets
 
 

@@ -13,12 +13,12 @@ import json
 
 import numpy as np
 import torch
+from icl_ssm_bench.synthetic.study import SYNTHETIC_RECIPE, flipped_pools, subset_states, task_of
+from icl_ssm_bench.synthetic.teacher import load_teacher
 
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.evaluate.stats import paired_separability
-from icl_ssm.lm.regression import load_teacher
 from icl_ssm.select.sampling import balanced_subsets
-from icl_ssm.synthetic import SYNTHETIC_RECIPE, flipped_pools, subset_states, task_of
 
 LAYOUTS = {
     "embeddings": {},

@@ -17,9 +17,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from icl_ssm_bench import scale, shapes
 from torch.profiler import ProfilerActivity, profile
 
-from icl_ssm.bench import scale, shapes
 from icl_ssm.cost import flop_counter
 from icl_ssm.provenance import provenance
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from icl_ssm_bench.answer import AnswerBenchConfig, run_path, summarize, to_markdown
 
-from icl_ssm.bench.answer import AnswerBenchConfig, run_path, summarize, to_markdown
 from icl_ssm.cli import build_parser
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.lm.tiny import tiny_model

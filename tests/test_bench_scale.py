@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from icl_ssm_bench import scale, scale_report, shapes
 from transformers import AutoModelForCausalLM
 
-from icl_ssm.bench import scale, scale_report, shapes
 from icl_ssm.cli import main
 from icl_ssm.cost import rss_peak, track_freed_memory
 from icl_ssm.lm.prompts import PromptBuilder

@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from icl_ssm_bench import estimators as bench_estimators
+from icl_ssm_bench.headroom import headroom_summary
+from icl_ssm_bench.select_order import order_tables, tail_run
 
-from icl_ssm.bench import estimators as bench_estimators
-from icl_ssm.bench.headroom import headroom_summary
-from icl_ssm.bench.select_order import order_tables, tail_run
 from icl_ssm.cli import main
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.data.splits import split
@@ -213,7 +213,7 @@ def test_estimators_keep_the_finished_seeds_when_a_later_one_fails(tmp_path, mon
     assert partial["partial"] is True and partial["seeds_done"] == [0]
     assert {r["seed"] for r in partial["rows"]} == {0}
     assert {r["estimator"] for r in partial["rows"]} == {"mean", "ridge"}
-    monkeypatch.setattr("icl_ssm.bench.estimators.split", split)
+    monkeypatch.setattr("icl_ssm_bench.estimators.split", split)
     assert main(argv) == 0
     full = json.loads(out.read_text())
     assert "partial" not in full and full["seeds_done"] == [0, 1]
@@ -239,7 +239,7 @@ def test_bench_label_scores_agrees_with_the_reference_path(tmp_cache, capsys):
 
 
 def test_agreement_with_the_dense_evaluator():
-    from icl_ssm.bench.select_quality import agreement
+    from icl_ssm_bench.select_quality import agreement
 
     dense = {"task": "t", "seed": 0, "method": "affinity:dense", "subset_losses": [0.1, 0.2, 0.3, 0.4],
              "scores": [4.0, 3.0, None, 1.0], "indices": [0, 1]}
@@ -345,7 +345,7 @@ def test_headroom_checks_every_task_first_and_keeps_the_finished_ones(tmp_path, 
                              for e in get_task("coin_flip", size=80).examples()[:2]))
     calls = []
     evaluate = evaluate_selection
-    monkeypatch.setattr("icl_ssm.bench.headroom.evaluate_selection",
+    monkeypatch.setattr("icl_ssm_bench.headroom.evaluate_selection",
                         lambda *a, **kw: calls.append(1) or evaluate(*a, **kw))
     out = tmp_path / "headroom.json"
     args = ["bench", "headroom", "--model", "tiny-llama", "--k", "3", "--sets", "2", "--pool-size", "12",
@@ -360,7 +360,7 @@ def test_headroom_checks_every_task_first_and_keeps_the_finished_ones(tmp_path, 
         calls.append(1)
         return evaluate(model, builder, demos, test, **kw)
 
-    monkeypatch.setattr("icl_ssm.bench.headroom.evaluate_selection", fail_on_the_second_task)
+    monkeypatch.setattr("icl_ssm_bench.headroom.evaluate_selection", fail_on_the_second_task)
     with pytest.raises(RuntimeError, match="stopped"):
         main([*args, "--tasks", str(data), "coin_flip"])
     partial = json.loads(out.read_text())
@@ -368,10 +368,59 @@ def test_headroom_checks_every_task_first_and_keeps_the_finished_ones(tmp_path, 
     assert partial["tasks"][str(data)]["sets"] == 2 and "coin_flip" not in partial["tasks"]
 
 
-def test_legendre_energy_fast_path_matches_its_reference():
-    from numpy.polynomial import legendre
+HARNESSES = {"estimators": ("estimators", "estimators_sim"), "headroom": ("headroom",),
+             "select_cost": ("select_cost",), "select_order": ("select_order",),
+             "select_quality": ("select_quality",), "selection": ()}
 
-    from icl_ssm.bench.spectrum import cache_spectrum, legendre_energy, legendre_energy_ref
+
+def test_bench_harnesses_take_a_config_not_a_namespace():
+    """Only cli/ reads flags: the harness modules import no argparse, none of their functions takes
+    a Namespace (or a parameter named ``args``), and each harness takes a frozen config dataclass
+    of its own module."""
+    import ast
+    import dataclasses
+    import importlib
+    import inspect
+    import typing
+
+    import icl_ssm_bench
+
+    root = Path(icl_ssm_bench.__file__).parent
+    for name, harnesses in HARNESSES.items():
+        for node in ast.walk(ast.parse((root / f"{name}.py").read_text())):
+            where = f"{name}.py:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Import):
+                assert all(a.name.split(".")[0] != "argparse" for a in node.names), f"{where} imports argparse"
+            if isinstance(node, ast.ImportFrom):
+                assert (node.module or "").split(".")[0] != "argparse", f"{where} imports from argparse"
+            if isinstance(node, ast.Name | ast.Attribute):
+                assert getattr(node, "id", getattr(node, "attr", None)) != "Namespace", f"{where} names a Namespace"
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                params = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+                assert "args" not in [a.arg for a in params], f"{where} takes args"
+        module = importlib.import_module(f"icl_ssm_bench.{name}")
+        for harness in harnesses:
+            fn = getattr(module, harness)
+            config = typing.get_type_hints(fn)[next(iter(inspect.signature(fn).parameters))]
+            assert dataclasses.is_dataclass(config) and config.__dataclass_params__.frozen, (harness, config)
+            assert config.__module__ == module.__name__, (harness, config)
+
+
+def test_bench_configs_refuse_bad_flags_before_the_model_is_loaded(capsys):
+    missing = ["--model", "no-such-model"]  # never loaded: validate() refuses first
+    assert main(["bench", "select-cost", *missing]) == 2
+    assert "--compressor: none given" in capsys.readouterr().err
+    assert main(["bench", "estimators", *missing]) == 2
+    assert "--evaluator compressed: no --compressor given" in capsys.readouterr().err
+    assert main(["bench", "select-quality", *missing, "--also", "dense=x"]) == 2
+    assert "the names ['dense'] are taken by the built-in evaluators" in capsys.readouterr().err
+    assert main(["bench", "estimators-sim", "--pool-size", "10", "--k", "20"]) == 2
+    assert "--k 20; expected 1 <= k <= --pool-size (10)" in capsys.readouterr().err
+
+
+def test_legendre_energy_fast_path_matches_its_reference():
+    from icl_ssm_bench.spectrum import cache_spectrum, legendre_energy, legendre_energy_ref
+    from numpy.polynomial import legendre
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(40, 3))

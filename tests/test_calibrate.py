@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from icl_ssm_bench.calibration import ON_INPUTS, cross_fitted, imbalanced, prompt_rows, summarize_method
 
-from icl_ssm.bench.calibration import ON_INPUTS, cross_fitted, imbalanced, prompt_rows, summarize_method
 from icl_ssm.calibrate import CALIBRATORS, Calibration, estimate, get_calibrator, no_calibration
 from icl_ssm.calibrate.contextual import CONTENT_FREE
 from icl_ssm.data.tasks import Example, get_task

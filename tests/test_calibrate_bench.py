@@ -2,8 +2,7 @@
 shown worse than the best is run's default, and the cost target compares it with raw search."""
 
 import numpy as np
-
-from icl_ssm.bench.calibrate_equal_time import decide
+from icl_ssm_bench.calibrate_equal_time import decide
 
 
 def runs(arm, budget, accuracy, wall, n=400, seeds=(0, 1, 2)):

@@ -202,9 +202,13 @@ def test_run_searches_checks_the_pick_against_random_prompts_and_hands_over_what
 
 
 def test_flipped_label_probe_tells_a_label_reader_from_a_label_blind_cache():
+    from helpers import research_script
+
     from icl_ssm.data.tasks import Example
     from icl_ssm.select.evaluators import OracleEvaluator, SubsetLosses
-    from icl_ssm.select.probe import flipped, flipped_label_probe
+
+    probe = research_script("probe")  # research/probe.py
+    flipped, flipped_label_probe = probe.flipped, probe.flipped_label_probe
 
     labels = ("yes", "no")
     pool = [Example(id=str(i), input=f"t{i}", target=labels[i % 2]) for i in range(12)]
@@ -228,11 +232,13 @@ def test_state_separability_reads_the_states_of_prompts_and_their_flipped_copies
     """A constant state (the control's) cannot tell a prompt from its label-flipped copy: the
     read-out is at chance, exactly. A compressor's states are one row per subset."""
     import torch
+    from helpers import research_script
 
     from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
-    from icl_ssm.select.probe import flipped, prompt_states, state_separability
     from icl_ssm.select.sampling import balanced_subsets
 
+    probe = research_script("probe")  # research/probe.py
+    flipped, prompt_states, state_separability = probe.flipped, probe.prompt_states, probe.state_separability
     model, tokenizer = tiny_model("llama").eval(), tiny_tokenizer()
     task = get_task("rotten_tomatoes")
     splits = split(task, pool_size=40, seed=0)

@@ -81,14 +81,14 @@ def test_subset_level_rank_loss_sees_only_subset_means():
 
 
 def test_a_bad_ssm_input_shape_is_refused_before_any_work(tmp_path):
-    from icl_ssm.synthetic import distill_synthetic
+    from icl_ssm_bench.synthetic.study import distill_synthetic
 
     with pytest.raises(ValueError, match="pair_window must be a positive integer, got 0"):
         DistillConfig(pair_size=4, pair_window=0)
     with pytest.raises(ValueError, match=r"input_rank must be an integer >= 0 \(0: off\), got -1"):
         DistillConfig(input_rank=-1)
-    from icl_ssm.data.regression import RegressionTask
-    from icl_ssm.lm.regression import RegressionTeacherConfig, train_teacher
+    from icl_ssm_bench.synthetic.task import RegressionTask
+    from icl_ssm_bench.synthetic.teacher import RegressionTeacherConfig, train_teacher
 
     teacher = tmp_path / "teacher"
     config = RegressionTeacherConfig(n_dims=3, max_pairs=4, hidden_size=16, intermediate_size=32)

@@ -881,7 +881,7 @@ def test_bench_long_context_writes_the_table_per_task_and_k(files, tmp_path, cap
     """One fidelity run per k with StreamingLLM and LM-Infinite beside the compressor, its control
     and the window; the rows carry the report's numbers, the cache size follows the slots, and a
     second call reads the reports back."""
-    from icl_ssm.bench.long_context import cache_bytes
+    from icl_ssm_bench.long_context import cache_bytes
 
     out = tmp_path / "lc"
     argv = ["bench", "long-context", "--model", "tiny-llama", "--tasks", files["data"], "--k", "2", "3",

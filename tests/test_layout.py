@@ -23,11 +23,11 @@ LAYERS = (
     ("icl_ssm.evaluate",),
     ("icl_ssm.select",),
     ("icl_ssm.apply",),  # a selection answered with and exported
-    ("icl_ssm.report", "icl_ssm.bench", "icl_ssm.synthetic"),
+    ("icl_ssm.report",),
     ("icl_ssm.pipeline",),
-    ("icl_ssm.bench.trust",),  # runs the whole pipeline many times
     ("icl_ssm.cli", "icl_ssm.__main__"),
 )
+BENCH = SRC.parent / "bench" / "icl_ssm_bench"  # the benchmarks and the study: above the whole library
 
 
 def module_name(path: Path) -> str:
@@ -78,6 +78,30 @@ def test_the_library_never_imports_the_command_line():
         ("icl_ssm.cli", "icl_ssm.__main__")) for line, module in imported_modules(p)
         if module.startswith("icl_ssm.cli")]
     assert offenders == []
+
+
+def test_the_library_never_imports_the_benchmarks_or_the_study():
+    """``icl_ssm`` is what a user installs: no module of it imports ``icl_ssm_bench`` (the
+    command line finds ``bench`` and ``synthetic`` through entry points), and the benchmarks
+    reach the library through its modules, never the command line's private helpers."""
+    import ast as ast_
+
+    def imports(path: Path) -> list[str]:
+        found = []
+        for node in ast_.walk(ast_.parse(path.read_text())):
+            if isinstance(node, ast_.ImportFrom) and node.module:
+                found.append(node.module)
+            elif isinstance(node, ast_.Import):
+                found += [a.name for a in node.names]
+        return found
+
+    into_bench = [f"{module_name(p)}: {m}" for p in PACKAGE.rglob("*.py") for m in imports(p)
+                  if m.split(".")[0] == "icl_ssm_bench"]
+    assert into_bench == []
+    bench_files = sorted(BENCH.rglob("*.py"))
+    assert len(bench_files) > 20
+    into_cli = [f"{p.relative_to(BENCH)}: {m}" for p in bench_files for m in imports(p) if m.startswith("icl_ssm.cli")]
+    assert into_cli == []
 
 
 def test_the_checker_sees_an_upward_import(tmp_path):
@@ -139,3 +163,15 @@ def test_every_command_in_the_docs_parses(page, argv):
         build_parser().parse_args(argv)
     except SystemExit as exit_:
         pytest.fail(f"{page}: icl-ssm {' '.join(argv)} does not parse ({exit_})")
+
+
+def test_without_the_benchmark_package_its_commands_say_how_to_install_it(monkeypatch, capsys):
+    """``icl-ssm bench`` and ``icl-ssm synthetic`` come from the entry points of ``bench/``; where
+    it is not installed, each command is still listed and refuses with the install line."""
+    from icl_ssm import cli
+
+    assert set(cli.plugin_parsers()) == {"bench", "synthetic"}  # installed here by make install
+    monkeypatch.setattr(cli, "plugin_parsers", dict)
+    for argv in (["bench", "scan", "--quick"], ["synthetic"]):
+        assert cli.main(argv) == 2
+        assert "pip install -e bench/" in capsys.readouterr().err

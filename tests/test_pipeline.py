@@ -78,7 +78,8 @@ def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tm
     # the same run with every method's places shared out over the labels, in interleaved order
     assert main(run_args(data, out, "--per-label", "--order", "interleave", "--methods", "random", "bm25",
                          "--evaluator", "compressed")) == 0
-    assert "fidelity: done before, skipped" in capsys.readouterr().err  # only the selections depend on these
+    err = capsys.readouterr().err  # the compressor distilled before; no method here reads its fidelity
+    assert "distilling" not in err and "compressor is not used and its fidelity not measured" in err
     pool = pool_of(data, ("random", "bm25"))
     for r in json.loads((out / "report.json").read_text())["selections"][:-1]:  # the last row: zero-shot
         assert {pool[i].target for i in r["indices"]} == {"yes", "no"}
@@ -278,7 +279,7 @@ def test_where_validation_cannot_rank_calibrated_prompts_run_hands_one_over_with
     """The headroom rule (select/headroom.py) decides whether the search runs: forced to find no
     headroom, run skips the search and hands over a calibrated random prompt, and says why; with
     --no-headroom it searches."""
-    import icl_ssm.pipeline as pipeline
+    import icl_ssm.pipeline.methods as pipeline  # where the headroom stage reads can_add
 
     out = tmp_path / "quick"
     args = ["run", "--model", "tiny-llama", "--task", data, "--k", "3", "--out", str(out), "--pool-size", "24",

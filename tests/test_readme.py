@@ -30,3 +30,27 @@ def test_readme_example_runs(capsys):
     assert len(printed) >= 2  # the generated answer, then the eight inputs' answers
     answers = eval(printed[-1])
     assert len(answers) == 8 and set(answers) <= {"positive", "negative"}
+
+
+def test_the_readme_figure_is_drawn_from_the_trust_records(tmp_path):
+    """docs/handed-over.png, which the README shows, is drawn by tools/figures/handed_over.py from the
+    trust records, with any number of calibrated runs (none, or more than one), and is linked."""
+    import shutil
+
+    from helpers import research_script
+
+    figure = research_script("handed_over", folder="tools/figures")
+    results = README.parent / "docs" / "results"
+    assert "](docs/handed-over.png)" in README.read_text()
+    assert (README.parent / "docs" / "handed-over.png").read_bytes().startswith(b"\x89PNG")
+    shutil.copytree(results / "trust-search", tmp_path / "trust-search")
+    assert figure.main(["--results", str(tmp_path), "--out", str(tmp_path / "none.png")]) == 0
+    (tmp_path / "trust-calibrated").mkdir()
+    stored = next((results / "trust-calibrated").glob("*.json"))
+    for seed in (15, 16):
+        shutil.copy(stored, tmp_path / "trust-calibrated" / f"r-s{seed}.json")
+    assert figure.main(["--results", str(tmp_path), "--out", str(tmp_path / "two.png")]) == 0
+    assert (tmp_path / "two.png").read_bytes().startswith(b"\x89PNG")
+    shutil.rmtree(tmp_path / "trust-search")
+    assert figure.main(["--results", str(tmp_path), "--out", str(tmp_path / "only.png")]) == 0
+    assert figure.main(["--results", str(tmp_path / "absent"), "--out", str(tmp_path / "no.png")]) == 1

@@ -12,10 +12,8 @@ import os
 import numpy as np
 import pytest
 import torch
-
-from icl_ssm.data.regression import RegressionTask
-from icl_ssm.lm.hf import kv_from_cache
-from icl_ssm.lm.regression import (
+from icl_ssm_bench.synthetic.task import RegressionTask
+from icl_ssm_bench.synthetic.teacher import (
     RegressionTeacher,
     RegressionTeacherConfig,
     curriculum,
@@ -28,6 +26,8 @@ from icl_ssm.lm.regression import (
     teacher_predictions,
     train_teacher,
 )
+
+from icl_ssm.lm.hf import kv_from_cache
 
 
 @pytest.fixture
@@ -342,10 +342,11 @@ def test_the_cache_paths_serve_a_teacher_that_reads_value_tokens():
 def test_the_distillation_trains_a_compressor_for_the_regression_teacher(tmp_path):
     """The same two-stage training (KV alignment, then predictions, hidden states, ranking) on
     targets from the regression teacher; stage 2 brings the compressed predictions closer."""
+    from icl_ssm_bench.synthetic.distill import regression_targets
+
     from icl_ssm.compress.cache import compressed_cache, forward_with_prefix
     from icl_ssm.compress.compressor import load_compressor
     from icl_ssm.distill.config import DistillConfig
-    from icl_ssm.distill.regression import regression_targets
     from icl_ssm.distill.train import train
 
     teacher = tiny_teacher(max_pairs=12)
@@ -379,9 +380,10 @@ def stage1_ok(history):
 
 
 def test_regression_evaluator_scores_subsets_as_the_dense_prompt_does():
+    from icl_ssm_bench.synthetic.select import RegressionEvaluator, nearest_prompts, split_examples, test_errors
+
     from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
     from icl_ssm.select.affinity import AffinitySelector
-    from icl_ssm.select.regression import RegressionEvaluator, nearest_prompts, split_examples, test_errors
 
     teacher = tiny_teacher(max_pairs=12)
     task = RegressionTask("linear", d=4, clusters=2, seed=0)

@@ -216,7 +216,7 @@ def planted_runs(gains: dict[str, float], n: int = 200, seeds=(0, 1, 2), budget:
 
 
 def test_the_equal_time_rule_takes_the_best_arm_only_when_it_is_shown_better_than_no_screen():
-    from icl_ssm.bench.search import search_markdown, summarize
+    from icl_ssm_bench.search import search_markdown, summarize
 
     clear = summarize(planted_runs({"compressed": 0.10, "control": 0.02, "none": 0.0, "dense": 0.05}))
     assert clear["decision"]["default_screen"] == "compressed"
@@ -243,7 +243,7 @@ def test_a_short_budget_cuts_the_queries_and_the_order_search_and_says_when_it_c
 
 
 def test_the_equal_time_bench_takes_a_compressor_per_task_and_refuses_one_it_cannot_use(tmp_path):
-    from icl_ssm.bench.search import arm_compressors
+    from icl_ssm_bench.search import arm_compressors
 
     (tmp_path / "G").mkdir()
     (tmp_path / "G" / "config.json").write_text('{"model_type": "icl_ssm_compressor"}')

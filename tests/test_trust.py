@@ -4,8 +4,8 @@ import json
 
 import numpy as np
 import pytest
+from icl_ssm_bench.trust import run_trust, summarize_run, summarize_trust, trust_markdown
 
-from icl_ssm.bench.trust import run_trust, summarize_run, summarize_trust, trust_markdown
 from icl_ssm.data.tasks import get_task
 from icl_ssm.pipeline import RunConfig
 

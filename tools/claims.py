@@ -41,8 +41,8 @@ from claim_tables.calibration import (
 )
 from claim_tables.demo import demo, demo_time
 from claim_tables.fidelity import compressed_caches, distillation_fidelity, exact_share
+from claim_tables.headline import headline_results
 from claim_tables.paper import paper_artefacts
-from claim_tables.readme import readme_results
 from claim_tables.robustness import robustness
 from claim_tables.scale import (
     SCALE_CPU,
@@ -135,7 +135,7 @@ def validate_record(name: str, data: dict | list) -> None:
 # ---------------------------------------------------------------- which table goes into which file
 
 TABLES: dict[str, tuple[str, Callable[[Records], str]]] = {
-    "results": ("README.md", readme_results),
+    "results": ("docs/results.md", headline_results),
     "demo-time": ("README.md", demo_time),
     "trust-targets": ("BENCHMARKS.md", trust_targets),
     "trust-runs": ("BENCHMARKS.md", trust_runs),

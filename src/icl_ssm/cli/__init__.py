@@ -2,7 +2,9 @@
 
 Each subcommand lives beside the code it drives and exposes ``add_parser(subparsers)``,
 which registers its options and sets ``func`` (called with the parsed namespace, returning
-an exit code). This module only collects them.
+an exit code). This module only collects them: the stages' own, then those another installed
+package adds through the ``icl_ssm.commands`` entry points (``icl-ssm bench`` and ``icl-ssm
+synthetic``, from the repository's ``bench/`` package, which the installed library never imports).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
 
 from icl_ssm.data.tasks import HubUnavailableError
 
@@ -23,9 +27,29 @@ SUBCOMMANDS = {
     "run": "icl_ssm.cli.run",
     "answer": "icl_ssm.cli.answer",
     "export": "icl_ssm.cli.export",
-    "bench": "icl_ssm.cli.bench",
-    "synthetic": "icl_ssm.cli.synthetic",
 }
+# commands another installed package adds (``[project.entry-points."icl_ssm.commands"]``, each an
+# ``add_parser(subparsers)``): the benchmarks and the synthetic study of the repository's ``bench/``
+PLUGINS = "icl_ssm.commands"
+ELSEWHERE = {"bench": "the benchmarks behind BENCHMARKS.md", "synthetic": "the in-context regression study"}
+
+
+def plugin_parsers() -> dict[str, Callable[[argparse._SubParsersAction], None]]:
+    """``{command: add_parser}`` of the installed packages that add commands to ``icl-ssm``."""
+    return {entry.name: entry.load() for entry in entry_points(group=PLUGINS)}
+
+
+def add_missing(sub: argparse._SubParsersAction, name: str, what: str) -> None:
+    """A command whose package is not installed: it parses anything and says how to install it."""
+
+    def refuse(args: argparse.Namespace) -> int:
+        print(f"icl-ssm {name}: {what} live in the package `icl-ssm-bench`, which is not installed; from a clone "
+              "of the repository: pip install -e bench/ (make install installs it)", file=sys.stderr)
+        return 2
+
+    parser = sub.add_parser(name, help=f"{what} (needs `pip install -e bench/`)", add_help=False)
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    parser.set_defaults(func=refuse)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in SUBCOMMANDS.values():
         importlib.import_module(module).add_parser(sub)
+    plugins = plugin_parsers()
+    for add in plugins.values():
+        add(sub)
+    for name, what in ELSEWHERE.items():
+        if name not in plugins:
+            add_missing(sub, name, what)
     return parser
 
 

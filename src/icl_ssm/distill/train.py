@@ -52,7 +52,7 @@ def group_losses(model, compressor: SSMCompressor, episodes: list[dict], cfg: Di
     """Losses of one group of episodes (same queries), on the model's device. Returns scalar tensors."""
     device = model.device
     episodes = [_on(e, device) for e in episodes]
-    if "prompt_values" in episodes[0]:  # a teacher that reads value tokens (distill.regression)
+    if "prompt_values" in episodes[0]:  # a teacher that reads value tokens (the synthetic study's teacher)
         return regression_group_losses(model, compressor, episodes, cfg, stage)
     prompt_ids, prompt_mask = (t.to(device) for t in pad_ids([e["prompt_ids"] for e in episodes]))
     if stage == 1:

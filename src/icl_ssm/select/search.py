@@ -32,6 +32,9 @@ on the cores) stretches every evaluation: the confirmation measures how much slo
 than the pilot's rates and stops before a rung that would end past its share (the best of the
 last rung run goes on, and ``details["stopped"]`` says why), and the order search is sized at the
 same pace.
+
+The arms and their generators are in :mod:`~icl_ssm.select.search_candidates`; one call's state and
+its evaluator calls (the screen in chunks, the halving's rungs) in :mod:`~icl_ssm.select.search_run`.
 """
 
 from __future__ import annotations
@@ -40,32 +43,26 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from icl_ssm.calibrate import NONE
 from icl_ssm.calibrate.losses import SEARCHED
 from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.stats import spearman
 from icl_ssm.select.affinity import search_order
-from icl_ssm.select.base import (
-    Selection,
-    Selector,
-    arrange,
-    register,
-    top_k,
-    top_k_per_label,
-    validate_selection_inputs,
-)
-from icl_ssm.select.calibrated import CalibratedEvaluator, calibrated_losses, gold_indices
+from icl_ssm.select.base import Selection, Selector, register, validate_selection_inputs
+from icl_ssm.select.calibrated import CalibratedEvaluator
 from icl_ssm.select.estimators import mean_affinity
-from icl_ssm.select.evaluators import SubsetEvaluator, SubsetLosses, concat, reliability, split_half
-from icl_ssm.select.sampling import balanced_subsets, label_quotas, stratified_subsets
-from icl_ssm.select.search_plan import MAX_ARMS, fit_confirmation, plan_lines, plan_search, rungs_for
+from icl_ssm.select.evaluators import SubsetEvaluator
+from icl_ssm.select.sampling import label_quotas
+from icl_ssm.select.search_candidates import SOURCES as SOURCES  # re-exported, as is key: callers import them here
+from icl_ssm.select.search_candidates import Arm, affinity_prompts, swap_prompts
+from icl_ssm.select.search_candidates import key as key
+from icl_ssm.select.search_plan import MAX_ARMS, SearchPlan, fit_confirmation, plan_lines, plan_search, rungs_for
+from icl_ssm.select.search_run import SearchRun
 
-SOURCES = ("random", "balanced", "affinity", "seed", "swap")
 SCREENS = ("compressed", "dense", "none")  # the screen a run names (compressed: the run's compressor, a control too)
 PILOT = 4  # prompts timed on each evaluator before the plan
 
@@ -86,25 +83,28 @@ def balanced_order(validation: Sequence[Example], labels: Sequence[str]) -> list
     return out
 
 
-def key(prompt: Sequence[int]) -> tuple[int, ...]:
-    return tuple(int(i) for i in prompt)
+class _Pilot(NamedTuple):
+    """What the pilot measured: its prompts (kept as candidates), the screen's seconds per prompt
+    (None without a screen), and the confirm evaluator's prefix seconds and seconds per query."""
+
+    first: list[Arm]
+    screen_each: float | None
+    prefix: float
+    per_query: float
 
 
-@dataclass
-class Arm:
-    """One candidate prompt: pool indices in prompt order, where it came from, and its losses."""
+class _Confirmed(NamedTuple):
+    """The confirmation's outcome: its ``winner`` and the ``queries`` of the last rung reached, the
+    rung log, why it stopped (None: every rung ran), its pace (seconds taken over the seconds the
+    pilot's rates give) and the Spearman correlation of screen and first-rung losses (None
+    without a screen or with fewer than three arms on the first rung)."""
 
-    prompt: list[int]
-    source: str
-    screen_loss: float = math.nan
-    confirm: dict[int, float] = field(default_factory=dict)  # queries -> label-balanced dense loss
-    # with calibrations: queries -> {calibration: its loss}; the arm's loss is the best of them
-    pairs: dict[int, dict[str, float]] = field(default_factory=dict)
-
-    def calibration(self, queries: int) -> str:
-        """The calibration whose pair scored best on ``queries`` (``none`` without calibrations)."""
-        losses = self.pairs.get(queries)
-        return min(losses, key=losses.get) if losses else NONE
+    winner: Arm
+    queries: int
+    rungs: list[dict]
+    stopped: str | None
+    pace: float
+    screen_vs_confirm: float | None
 
 
 @register("search")
@@ -187,308 +187,178 @@ class PromptSearch(Selector):
         if self.say is not None:
             self.say(line)
 
-    # -- candidate generation ------------------------------------------------------------------
-    def _random(self, n: int, k: int, m: int, rng: np.random.Generator) -> list[list[int]]:
-        return balanced_subsets(n, k, m, rng) if m > 0 else []
+    @property
+    def _screen_label(self) -> str:
+        return self.screen_name if self.screen is not None else "none"
 
-    def _balanced(self, pool_labels: list[str], k: int, m: int, rng: np.random.Generator) -> list[list[int]]:
-        if m <= 0 or not self.labels:
-            return []
-        prompts = stratified_subsets(pool_labels, k, m, rng)
-        return [arrange(p, [pool_labels[i] for i in p], "interleave", rng) if j % 2 else p
-                for j, p in enumerate(prompts)]  # half interleaved, half in a random order
-
-    def _swaps(self, best: Sequence[Arm], n: int, pool_labels: list[str], m: int,
-               rng: np.random.Generator) -> list[list[int]]:
-        """``m`` neighbours of the best screened prompts: one or two members swapped for outsiders
-        (of the same label where the task has labels, so a balanced prompt stays balanced), or
-        two positions exchanged."""
-        out = []
-        for j in range(m):
-            base = list(best[j % len(best)].prompt)
-            move = rng.integers(3)
-            if move == 2 and len(base) > 1:  # reorder: two positions exchanged
-                a, b = rng.choice(len(base), 2, replace=False)
-                base[a], base[b] = base[b], base[a]
-            else:
-                inside = set(base)
-                for _ in range(int(move) + 1):
-                    at = int(rng.integers(len(base)))
-                    same = [i for i in range(n) if i not in inside
-                            and (not self.labels or pool_labels[i] == pool_labels[base[at]])]
-                    if not same:
-                        continue
-                    new = int(rng.choice(same))
-                    inside.discard(base[at])
-                    inside.add(new)
-                    base[at] = new
-            out.append(base)
-        return out
-
-    # -- evaluation ------------------------------------------------------------------------------
-    def _pair_losses(self, result: SubsetLosses, queries) -> list[dict[str, float]] | None:
-        """Per subset of ``result``: {calibration: its loss} (None without calibrations)."""
-        if not self.calibrations:
-            return None
-        if result.query_scores is None:
-            raise ValueError("search calibrations need an evaluator that reads label scores")
-        gold = gold_indices(self.labels, queries)
-        table = {c: calibrated_losses(result.query_scores, gold, c) for c in self.calibrations}
-        return [{c: float(table[c][i]) for c in self.calibrations} for i in range(len(result.losses))]
-
-    def _screen(self, pool, queries, arms: list[Arm]) -> SubsetLosses:
-        result = self.screen.evaluate(pool, queries, [a.prompt for a in arms])
-        self._spent.append(result.cost)
-        pairs = self._pair_losses(result, queries)
-        for i, (a, loss) in enumerate(zip(arms, result.losses, strict=True)):
-            a.screen_loss = float(loss) if pairs is None else min(pairs[i].values())
-        if self.progress is not None:
-            self.progress(len(arms))
-        return result
-
-    def _confirm(self, pool, validation, arms: list[Arm], queries: int) -> None:
-        result = self.confirm.evaluate(pool, validation[:queries], [a.prompt for a in arms])
-        self._spent.append(result.cost)
-        pairs = self._pair_losses(result, validation[:queries])
-        for i, (a, loss) in enumerate(zip(arms, result.losses, strict=True)):
-            if pairs is None:
-                a.confirm[queries] = float(loss)
-            else:
-                a.pairs[queries] = pairs[i]
-                a.confirm[queries] = min(pairs[i].values())
-        if self.progress is not None:
-            self.progress(len(arms))
-
-    def _time_confirm(self, pool, validation, prompts: list[Arm]) -> tuple[float, float]:
-        """(prefix seconds, seconds per query) of the confirm evaluator, from two query counts."""
-        q_small = max(1, min(4, self.confirm_queries))
-        q_big = max(q_small + 1, min(16, self.confirm_queries))
-        t0 = self.clock()
-        self._confirm(pool, validation, prompts[:1], q_small)
-        t1 = self.clock()
-        self._confirm(pool, validation, prompts[:1], q_big)
-        t2 = self.clock()
-        a, b = t1 - t0, t2 - t1
-        per_query = max((b - a) / (q_big - q_small), 1e-6)
-        return max(a - per_query * q_small, 0.0), per_query
-
-    def _halve(self, pool, validation, contenders: list[Arm], rungs: list[tuple[int, int]], prefix: float,
-               per_query: float, confirm_end: float) -> tuple[list[Arm], list[dict], str | None, float]:
-        """Successive halving on the confirm evaluator: each rung ``(size, queries)`` scores the best
-        ``size`` contenders on ``queries`` validation queries and re-ranks them.
-
-        Before each chunk it predicts the chunk's end from the pilot's rates (``prefix``,
-        ``per_query``) times the pace measured so far; one that would end past ``confirm_end`` stops
-        the halving (never before the first chunk). Returns the contenders ranked by the last rung
-        reached, the rung log, why it stopped (``None`` if it ran every rung) and the pace (seconds
-        taken over seconds the pilot's rates give; 1.0 before any rung)."""
-        rung_log: list[dict] = []
-        stopped = None
-        modelled = measured = 0.0  # the rungs run so far: seconds the pilot's rates give, seconds they took
-        chunk = max(1, int(getattr(self.confirm, "batch", 8)))  # the evaluator's own batch: no padding lost
-        pace = lambda: measured / modelled if modelled > 0 else 1.0  # noqa: E731  # seconds taken / the pilot's
-        for i, (size, queries) in enumerate(rungs):
-            each = prefix + per_query * queries
-            todo = [a for a in contenders[:size] if queries not in a.confirm]
-            late = self.clock() + pace() * len(todo) * each - confirm_end
-            if rung_log and todo and late > 0:  # a slowed machine: the whole rung would end past the budget
-                stopped = (f"the confirmation stopped before rung {i + 1} of {len(rungs)} ({size} x {queries}q): "
-                           f"it ran {pace():.2f}x the pilot's time and would have ended {late:.0f} s past its "
-                           f"share of the budget; the best of {len(contenders)} at {rung_log[-1]['queries']} "
-                           "queries goes on")
-                break
-            for j in range(0, len(todo), chunk):
-                part = todo[j : j + chunk]
-                late = self.clock() + pace() * len(part) * each - confirm_end
-                if (rung_log or j) and late > 0:  # ... or would go past it within this rung
-                    stopped = (f"the confirmation stopped within rung {i + 1} of {len(rungs)} ({size} x "
-                               f"{queries}q) after {j} of its {len(todo)} new prompts: it ran {pace():.2f}x the "
-                               "pilot's time; the best of the prompts it reached goes on")
-                    break
-                t1 = self.clock()
-                self._confirm(pool, validation, part, queries)
-                measured, modelled = measured + self.clock() - t1, modelled + len(part) * each
-            reached = [a for a in contenders[:size] if queries in a.confirm]
-            if not reached:  # stopped before any prompt of this rung: the last rung's order stands
-                break
-            contenders = sorted(reached, key=lambda a: a.confirm[queries])
-            rung_log.append({"arms": len(contenders), "queries": queries,
-                             "losses": [a.confirm[queries] for a in contenders],
-                             "sources": [a.source for a in contenders]})
-            if stopped:
-                break
-        if stopped:
-            self._say(f"search: {stopped}")
-        return contenders, rung_log, stopped, pace()
-
-    # -- the search ------------------------------------------------------------------------------
+    # -- the search: pilot and plan, screen (or random search), confirm, order --------------------
     def select(self, pool, validation, k, rng):
+        run = self._begin(pool, validation, k, rng)
+        pilot = self._pilot(run)
+        plan = self._plan(run, pilot)
+        if self.screen is not None:
+            ranked = self._screen_phase(run, plan, pilot.first)
+        else:
+            ranked = self._random_search(run, plan, pilot.first)
+        screen_stats = run.screen_stats()
+        confirmed = self._confirm_phase(run, plan, pilot, ranked)
+        indices, order_log = self._order_phase(run, plan, pilot, confirmed)
+        wall = self.clock() - run.start
+        details = self._details(run, plan, confirmed, order_log, screen_stats, wall)
+        return Selection(self.name, indices, self._scores(run, ranked), sum(run.spent, Cost()),
+                         subsets=len(run.arms), details=details)
+
+    def _begin(self, pool, validation, k, rng) -> SearchRun:
+        """The call's state after its inputs are checked, its validation queries in
+        :func:`balanced_order` so that every prefix (the screen's, a rung's) is label-balanced."""
         validate_selection_inputs(pool, validation, k)
         need = max(self.confirm_queries, self.screen_queries if self.screen is not None else 0)
         if len(validation) < need:
             raise ValueError(f"the search needs {need} validation queries (screen_queries={self.screen_queries}, "
                              f"confirm_queries={self.confirm_queries}); got {len(validation)}")
         start = self.clock()
-        self._spent = []
-        n = len(pool)
-        pool_labels = [e.target for e in pool]
+        self._spent = []  # the run's: every evaluator call's cost
+        validation = [validation[i] for i in balanced_order(validation, self.labels)]
+        run = SearchRun(pool, validation, k, rng, start, confirm=self.confirm, screen=self.screen,
+                        screen_queries=self.screen_queries, labels=self.labels, calibrations=self.calibrations,
+                        clock=self.clock, progress=self.progress, spent=self._spent)
         if self.labels:
-            label_quotas(pool_labels, k)  # refuses a pool that cannot fill a balanced prompt
-        validation = [validation[i] for i in balanced_order(validation, self.labels)]  # every prefix balanced
-        screen_q = validation[: self.screen_queries]
-        arms: dict[tuple[int, ...], Arm] = {}
+            label_quotas(run.pool_labels, k)  # refuses a pool that cannot fill a balanced prompt
+        return run
 
-        def add(prompts: list[list[int]], source: str) -> list[Arm]:
-            new = []
-            for p in prompts:
-                if key(p) not in arms:
-                    arms[key(p)] = Arm(list(p), source)
-                    new.append(arms[key(p)])
-            return new
-
-        # pilot: time both evaluators on a few prompts (kept as candidates)
-        half = PILOT // 2 if self.labels else 0
-        first = add(self._random(n, k, PILOT - half, rng), "random") + add(self._balanced(pool_labels, k, half, rng),
-                                                                          "balanced")
+    def _pilot(self, run: SearchRun) -> _Pilot:
+        """Time both evaluators on :data:`PILOT` fresh prompts (kept as candidates)."""
+        first = run.fresh(PILOT)
         screen_each = None
         if self.screen is not None:
             t0 = self.clock()
-            screen_results = [self._screen(pool, screen_q, first)]
+            run.score_screen(first)
             screen_each = (self.clock() - t0) / len(first)
-        else:
-            screen_results = []
-        prefix, per_query = self._time_confirm(pool, validation, first)
-        spent = self.clock() - start
-        plan = plan_search(max(self.budget - spent, 1e-3), screen_per_prompt=screen_each, prefix=prefix,
-                           per_query=per_query, confirm_queries=self.confirm_queries,
+        prefix, per_query = run.time_confirm(first, self.confirm_queries)
+        run.phases["pilot"] = self.clock() - run.start
+        return _Pilot(first, screen_each, prefix, per_query)
+
+    def _plan(self, run: SearchRun, pilot: _Pilot) -> SearchPlan:
+        """Split the budget the pilot left (:func:`~icl_ssm.select.search_plan.plan_search`), say
+        the plan, and hand ``on_total`` the prompt evaluations in all."""
+        plan = plan_search(max(self.budget - run.phases["pilot"], 1e-3), screen_per_prompt=pilot.screen_each,
+                           prefix=pilot.prefix, per_query=pilot.per_query, confirm_queries=self.confirm_queries,
                            order_candidates=self.order_candidates, max_arms=MAX_ARMS if self.screen else 16 * MAX_ARMS)
-        for line in plan_lines(plan, self.budget, self.screen_name if self.screen is not None else "none"):
+        for line in plan_lines(plan, self.budget, self._screen_label):
             self._say(line)
         if self.on_total is not None:  # prompt evaluations in all, for a progress bar
-            self.on_total(len(first) * (2 + (self.screen is not None)) + plan.screened
+            self.on_total(len(pilot.first) * (2 + (self.screen is not None)) + plan.screened
                           + sum(a for a, _ in plan.rungs) + plan.orders)
-        deadline = start + spent + plan.seconds["screen"]
+        return plan
 
-        # screen: random and balanced prompts, then Algorithm 2's top k and the seeds, then swaps
-        phases: dict[str, float] = {"pilot": spent}
-        if self.screen is not None:
-            t0 = self.clock()
-            swaps = int(self.swap_share * plan.screened)
-            fresh = max(0, plan.screened - len(first) - swaps - len(self.seeds) - 2)
-            half = fresh // 2 if self.labels else 0
-            batch = add(self._random(n, k, fresh - half, rng), "random") + add(
-                self._balanced(pool_labels, k, half, rng), "balanced")
-            screen_results += self._screen_until(pool, screen_q, batch, deadline)
-            randoms = [a for a in arms.values() if math.isfinite(a.screen_loss)]
-            derived = {f"seed:{name}": list(p) for name, p in self.seeds.items()}
-            if len(randoms) >= 2:
-                scores, _ = mean_affinity([a.prompt for a in randoms], np.array([a.screen_loss for a in randoms]), n)
-                if np.isfinite(scores).sum() >= k:
-                    derived["affinity"] = top_k(scores, k)
-                    if self.labels:
-                        picked = top_k_per_label(scores, pool_labels, k)
-                        derived["affinity-per-label"] = arrange(picked, [pool_labels[i] for i in picked],
-                                                                "interleave", rng)
-            for name, p in derived.items():
-                add([p], "seed" if name.startswith("seed:") else "affinity")
-            screen_results += self._screen_until(pool, screen_q, [a for a in arms.values()
-                                                                  if not math.isfinite(a.screen_loss)], deadline)
-            while self.clock() < deadline and swaps > 0:
-                best = sorted((a for a in arms.values() if math.isfinite(a.screen_loss)), key=lambda a: a.screen_loss)
-                new = add(self._swaps(best[:4], n, pool_labels, min(8, swaps), rng), "swap")
-                swaps -= len(new) or 1
-                screen_results += self._screen_until(pool, screen_q, new, deadline)
-            phases["screen"] = self.clock() - t0
-            ranked = sorted((a for a in arms.values() if math.isfinite(a.screen_loss)), key=lambda a: a.screen_loss)
-        else:  # random search: random (and balanced) prompts straight into the confirmation
-            want = plan.arms - len(first)
-            half = want // 2 if self.labels else 0
-            add(self._random(n, k, want - half, rng), "random")
-            add(self._balanced(pool_labels, k, half, rng), "balanced")
-            seeded = add(list(self.seeds.values()), "seed")
-            ranked = seeded + [a for a in arms.values() if a not in seeded]  # the given picks always confirmed
-        screen_stats = _screen_stats(screen_results)
-
-        # confirm: successive halving on the dense prompt, replanned on the time left
+    def _screen_phase(self, run: SearchRun, plan: SearchPlan, first: list[Arm]) -> list[Arm]:
+        """Screen random and balanced prompts, then the seeds and Algorithm 2's picks from the
+        screen's losses so far, then swaps around the best, until the screen's deadline. Returns
+        the screened arms, lowest screen loss first."""
+        deadline = run.start + run.phases["pilot"] + plan.seconds["screen"]
         t0 = self.clock()
-        left = self.budget - (t0 - start) - plan.seconds["order"]
-        arms_in, top_q, _ = fit_confirmation(left, prefix=prefix, per_query=per_query, queries=plan.queries,
-                                             max_arms=plan.arms)
-        contenders = ranked[:arms_in]
-        contenders, rung_log, stopped, slower = self._halve(
-            pool, validation, contenders, rungs_for(len(contenders), top_q), prefix, per_query,
-            confirm_end=start + self.budget - plan.seconds["order"])
+        swaps = int(self.swap_share * plan.screened)
+        fresh = max(0, plan.screened - len(first) - swaps - len(self.seeds) - 2)
+        run.screen_until(run.fresh(fresh), deadline)
+        given = [list(p) for p in self.seeds.values()]
+        derived = affinity_prompts(run.arms.screened(), run.n, run.k, run.pool_labels, self.labels, run.rng)
+        run.arms.add(given, "seed")
+        run.arms.add(derived, "affinity")
+        run.screen_until([a for a in run.arms.values() if not math.isfinite(a.screen_loss)], deadline)
+        while self.clock() < deadline and swaps > 0:
+            best = sorted(run.arms.screened(), key=lambda a: a.screen_loss)
+            near = swap_prompts([a.prompt for a in best[:4]], run.n, run.pool_labels, self.labels, min(8, swaps),
+                                run.rng)
+            new = run.arms.add(near, "swap")
+            swaps -= len(new) or 1
+            run.screen_until(new, deadline)
+        run.phases["screen"] = self.clock() - t0
+        return sorted(run.arms.screened(), key=lambda a: a.screen_loss)
+
+    def _random_search(self, run: SearchRun, plan: SearchPlan, first: list[Arm]) -> list[Arm]:
+        """Without a screen: random (and balanced) prompts straight into the confirmation. Returns
+        every arm, the seeds first (the given picks always confirmed)."""
+        run.fresh(plan.arms - len(first))
+        seeded = run.arms.add(list(self.seeds.values()), "seed")
+        return seeded + [a for a in run.arms.values() if a not in seeded]
+
+    def _confirm_phase(self, run: SearchRun, plan: SearchPlan, pilot: _Pilot, ranked: list[Arm]) -> _Confirmed:
+        """Successive halving of the best of ``ranked`` on the dense prompt, replanned on the time
+        left (:func:`~icl_ssm.select.search_plan.fit_confirmation`) and ending before the order
+        search's share."""
+        t0 = self.clock()
+        left = self.budget - (t0 - run.start) - plan.seconds["order"]
+        arms_in, top_q, _ = fit_confirmation(left, prefix=pilot.prefix, per_query=pilot.per_query,
+                                             queries=plan.queries, max_arms=plan.arms)
+        contenders, rung_log, stopped, pace = run.halve(
+            ranked[:arms_in], rungs_for(len(ranked[:arms_in]), top_q), pilot.prefix, pilot.per_query,
+            confirm_end=run.start + self.budget - plan.seconds["order"])
+        if stopped:
+            self._say(f"search: {stopped}")
         top_q = rung_log[-1]["queries"]
         winner = contenders[0]
-        phases["confirm"] = self.clock() - t0
+        run.phases["confirm"] = self.clock() - t0
         screen_vs_confirm = None
         first_rung = [a for a in ranked[:arms_in] if rung_log and rung_log[0]["queries"] in a.confirm]
         if self.screen is not None and len(first_rung) >= 3:
             q0 = rung_log[0]["queries"]
             screen_vs_confirm = _finite(spearman([a.screen_loss for a in first_rung],
                                                  [a.confirm[q0] for a in first_rung]))
+        return _Confirmed(winner, top_q, rung_log, stopped, pace, screen_vs_confirm)
 
-        # order the survivor, on the time left
+    def _order_phase(self, run: SearchRun, plan: SearchPlan, pilot: _Pilot,
+                     confirmed: _Confirmed) -> tuple[list[int], dict[str, Any] | None]:
+        """The winner's best order (:func:`~icl_ssm.select.affinity.search_order`) on the
+        confirmation's queries, as many orders as the time left holds at the confirmation's pace
+        (none below two: the winner's own order stands). Returns (indices, the order log or None)."""
+        winner, top_q = confirmed.winner, confirmed.queries
         t0 = self.clock()
-        left = self.budget - (t0 - start)
-        one = slower * (prefix + per_query * top_q)  # as slow as the confirmation ran
+        left = self.budget - (t0 - run.start)
+        one = confirmed.pace * (pilot.prefix + pilot.per_query * top_q)  # as slow as the confirmation ran
         orders = int(min(plan.orders, left // max(one, 1e-9)))
         indices, order_log = list(winner.prompt), None
         if orders >= 2:
-            labels_of = [pool_labels[i] for i in winner.prompt]
+            labels_of = [run.pool_labels[i] for i in winner.prompt]
             order_ev = self.order or self.confirm
             if self.calibrations:  # the survivor's orders scored as it will answer: with its calibration
                 order_ev = CalibratedEvaluator(order_ev, winner.calibration(top_q), self.labels)
-            indices, order_log = search_order(order_ev, pool, validation[:top_q], winner.prompt, labels_of, orders,
-                                              rng)
+            indices, order_log = search_order(order_ev, run.pool, run.validation[:top_q], winner.prompt, labels_of,
+                                              orders, run.rng)
             order_log["winner_loss"] = winner.confirm.get(top_q)
-            self._spent.append(Cost(order_log["flops"], order_log["seconds"]))
-        phases["order"] = self.clock() - t0
-        wall = self.clock() - start
+            run.spent.append(Cost(order_log["flops"], order_log["seconds"]))
+        run.phases["order"] = self.clock() - t0
+        return indices, order_log
 
-        scores = np.full(n, math.nan)
+    def _scores(self, run: SearchRun, ranked: list[Arm]) -> np.ndarray:
+        """(n,) float64: Algorithm 2's mean affinity from the screened prompts' screen losses (all
+        NaN without a screen)."""
+        scores = np.full(run.n, math.nan)
         if len(ranked) >= 2 and self.screen is not None:
             scored = [a for a in ranked if math.isfinite(a.screen_loss)]
-            scores, _ = mean_affinity([a.prompt for a in scored], np.array([a.screen_loss for a in scored]), n)
+            scores, _ = mean_affinity([a.prompt for a in scored], np.array([a.screen_loss for a in scored]), run.n)
+        return np.asarray(scores, dtype=np.float64)
+
+    def _details(self, run: SearchRun, plan: SearchPlan, confirmed: _Confirmed, order_log: dict[str, Any] | None,
+                 screen_stats: dict[str, Any], wall: float) -> dict[str, Any]:
+        """The search's record: its plan, seconds per phase, candidates per source, the screen's
+        reliability, the rungs, the winner and its order search and calibration."""
         sources: dict[str, int] = {}
-        for a in arms.values():
+        for a in run.arms.values():
             sources[a.source] = sources.get(a.source, 0) + 1
-        details = {
-            "plan": plan.as_dict(), "budget_seconds": self.budget, "wall_seconds": wall, "phases": phases,
-            "screen": self.screen_name if self.screen is not None else "none",
-            "screened": sum(math.isfinite(a.screen_loss) for a in arms.values()), "sources": sources,
-            "screen_queries": len(screen_q), "confirm_queries": top_q, **screen_stats,
-            "screen_vs_confirm_spearman": screen_vs_confirm, "rungs": rung_log, "stopped": stopped,
-            "slower_than_pilot": slower,
+        winner, top_q = confirmed.winner, confirmed.queries
+        return {
+            "plan": plan.as_dict(), "budget_seconds": self.budget, "wall_seconds": wall, "phases": run.phases,
+            "screen": self._screen_label, "screened": len(run.arms.screened()), "sources": sources,
+            "screen_queries": len(run.screen_q), "confirm_queries": top_q, **screen_stats,
+            "screen_vs_confirm_spearman": confirmed.screen_vs_confirm, "rungs": confirmed.rungs,
+            "stopped": confirmed.stopped, "slower_than_pilot": confirmed.pace,
             "winner_source": winner.source, "winner_confirm_loss": winner.confirm.get(top_q),
             "order_search": order_log, "calibrations": list(self.calibrations),
             "calibration": winner.calibration(top_q) if self.calibrations else None,
             "calibration_losses": winner.pairs.get(top_q),
         }
-        return Selection(self.name, indices, np.asarray(scores, dtype=np.float64), sum(self._spent, Cost()),
-                         subsets=len(arms), details=details)
-
-    def _screen_until(self, pool, queries, arms: list[Arm], deadline: float) -> list[SubsetLosses]:
-        """Screen ``arms`` in chunks of the screen evaluator's batch until ``deadline``."""
-        out, step = [], max(1, getattr(self.screen, "batch", 8))
-        for j in range(0, len(arms), step):
-            if self.clock() >= deadline:
-                break
-            out.append(self._screen(pool, queries, arms[j : j + step]))
-        return out
 
 
 def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
-
-def _screen_stats(results: Sequence[SubsetLosses]) -> dict[str, Any]:
-    """Split-half reliability of the screen's prompt losses (over its queries)
-    (:func:`~icl_ssm.select.evaluators.split_half`, :func:`~icl_ssm.select.evaluators.reliability`),
-    on the prompts screened with per-query losses."""
-    rows = [r for r in results if r.query_losses is not None and len(r.losses)]
-    if not rows:
-        return {"screen_split_half": None, "screen_reliability": None}
-    merged = concat(*rows)
-    r = reliability(split_half(merged), merged.query_losses.shape[1])
-    return {"screen_split_half": r["split_half"], "screen_reliability": r["reliability"]}

@@ -1,0 +1,1 @@
+"""``icl-ssm bench`` and ``icl-ssm synthetic``: flags only, over the harnesses of this package."""

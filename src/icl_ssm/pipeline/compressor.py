@@ -1,0 +1,111 @@
+"""Which compressor a run uses, whether any method reads it, its fidelity stage and the
+evaluator the fidelity verdict chooses."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from icl_ssm.compress.compressor import load_compressor
+from icl_ssm.compress.pretrained import find_pretrained
+from icl_ssm.distill.config import DistillConfig
+from icl_ssm.distill.run import train_compressor
+from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
+from icl_ssm.evaluate.verdict import failed_checks, fidelity_verdict
+from icl_ssm.pipeline.config import RunConfig
+from icl_ssm.pipeline.stages import Stages, say, stage_bar, stage_key
+from icl_ssm.select.run import EVALUATED
+
+
+def resolve_compressor(cfg: RunConfig, out: Path, stages: Stages) -> dict:
+    """Stage 1: which compressor (and control) to use: the one given, else the one shipped for the
+    model and task, else one distilled with ``--distill``, else none (``{"compressor": None}``):
+    the evaluators then use dense caches and the search runs without a screen."""
+    if cfg.compressor:
+        load_compressor(cfg.compressor)  # a clear error now rather than after the other stages
+        return {"compressor": str(Path(cfg.compressor).resolve()), "control": cfg.control, "source": "given"}
+    shipped = None if cfg.distill else find_pretrained(cfg.model, cfg.task, cfg.k)
+    if shipped is not None:
+        control = shipped / "control"
+        recipe = json.loads((shipped / "recipe.json").read_text())
+        say(f"using the compressor shipped for {cfg.model} / {cfg.task} ({shipped.name}, trained at k={recipe['k']})")
+        return {"compressor": str(shipped / "compressor"), "control": cfg.control or
+                (str(control) if control.is_dir() else None), "source": "shipped", "recipe": recipe}
+    if not cfg.distill:
+        say(f"no compressor is shipped for {cfg.model} / {cfg.task}: selecting on dense caches (a compressor "
+            "distilled in a run has not passed its fidelity verdict in any run measured, "
+            "docs/research/prompt-search.md; --distill distils one first, --compressor DIR takes one)")
+        return {"compressor": None, "control": None, "source": "none"}
+    dcfg = DistillConfig(model=cfg.model, tasks=(cfg.task,), k=cfg.k, samples=cfg.distill_samples,
+                         seed=cfg.seed, state_size=cfg.state_size, num_virtual=cfg.num_virtual,
+                         num_sink=cfg.num_sink, latent_size=cfg.latent_size, num_recent=cfg.num_recent,
+                         gate=cfg.gate, stage1_epochs=cfg.distill_epochs, stage2_epochs=cfg.distill_epochs,
+                         task_options={cfg.task: cfg.task_options} if cfg.task_options else {})
+    key = stage_key(asdict(dcfg))
+    done = stages.get("compressor", key)
+    if done is not None and (Path(done["compressor"]) / "model.safetensors").exists():
+        return done
+    target = out / "compressor"
+    say(f"distilling a compressor into {target} ({cfg.distill_samples} subsets; --compressor DIR skips this)")
+    train_compressor(dcfg, target, resume=(target / "checkpoint").exists())
+    return stages.put("compressor", key, {"compressor": str(target), "control": cfg.control, "source": "distilled",
+                                          "distill": asdict(dcfg)})
+
+
+def fidelity_stage(cfg: RunConfig, comp: dict, stages: Stages) -> dict:
+    """Stage 2: the compressor's fidelity on held-out subsets, beside its control when there is one."""
+    fcfg = FidelityConfig(model=cfg.model, task=cfg.task, k=cfg.k, compressor=comp["compressor"],
+                          control=comp.get("control"), subsets=cfg.fidelity_subsets, queries=cfg.fidelity_queries,
+                          seed=cfg.seed, batch=cfg.batch, query_batch=cfg.query_batch,
+                          task_options=cfg.task_options)
+    key = stage_key([asdict(fcfg), comp])
+    fidelity = stages.get("fidelity", key)
+    if fidelity is not None:
+        say("fidelity: done before, skipped")
+        return fidelity
+    with stage_bar("fidelity", "subsets") as (on_start, advance):
+        fidelity = run_fidelity(fcfg, on_start=on_start, progress=advance)
+    return stages.put("fidelity", key, fidelity)
+
+
+def uses_compressor(cfg: RunConfig) -> bool:
+    """Whether a method ``cfg`` asks for reads the fidelity stage's verdict: affinity or BRIDGE
+    (their evaluator, or what it would have been when ``--evaluator`` forces one), or a search
+    screen of ``auto`` or ``compressed``."""
+    evaluated = any(m in EVALUATED for m in cfg.methods)  # forced onto dense, the verdict is still reported
+    screened = "search" in cfg.methods and cfg.screen in ("auto", "compressed")
+    return evaluated or screened
+
+
+def choose_evaluator(cfg: RunConfig, fidelity: dict | None, unused: bool = False) -> dict:
+    """The evaluator of affinity, BRIDGE and the search's screen:
+    :func:`~icl_ssm.evaluate.verdict.fidelity_verdict` on the fidelity stage (``cfg.evaluator="auto"``),
+    or the one ``cfg.evaluator`` forces. The verdict is printed whether it passes or fails; a
+    forced evaluator says so, and compressed caches forced against a failed verdict are warned about.
+    Without a compressor (``fidelity`` None) the evaluator is dense and the reason says so; ``unused``:
+    there was one, but no method asked reads the verdict (:func:`uses_compressor`)."""
+    if fidelity is None:
+        if cfg.evaluator == "compressed" and not unused:
+            raise ValueError(f"--evaluator compressed needs a compressor, and none is shipped for --model {cfg.model} "
+                             f"and --task {cfg.task}: pass --compressor DIR or --distill")
+        reason = ("no method asked scores subsets on compressed caches, so the compressor's fidelity was not measured"
+                  if unused else
+                  "no compressor was given, shipped or distilled, so affinity scores subsets on dense caches")
+        return {"evaluator": "dense", "verdict": "dense", "reason": reason, "summary": reason, "checks": []}
+    verdict = fidelity_verdict(fidelity, max_accuracy_drop=cfg.max_accuracy_drop)
+    verdict["verdict"] = verdict["evaluator"]
+    if verdict.get("summary") and verdict["verdict"] == "compressed":  # a failed verdict is said below, once
+        say(verdict["summary"])
+    if cfg.evaluator != "auto":
+        verdict["evaluator"] = cfg.evaluator
+        verdict["reason"] = f"--evaluator {cfg.evaluator} was asked for" + (
+            f"; the fidelity verdict would have chosen {verdict['verdict']}"
+            if verdict["verdict"] != cfg.evaluator else "")
+    if verdict["verdict"] == "dense":
+        if cfg.evaluator == "compressed":
+            say(f"warning: the fidelity verdict failed the compressed caches ({failed_checks(verdict['checks'])}); "
+                "selecting with them because --evaluator compressed was asked for")
+        else:
+            say(f"warning: {verdict['reason']}")
+    return verdict
