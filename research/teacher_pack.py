@@ -16,6 +16,7 @@ import torch
 
 from icl_ssm.cost import measure
 from icl_ssm.distill import teacher as TT
+from icl_ssm.distill.targets import teacher_targets
 from icl_ssm.lm.models import DEFAULT_MODEL, load_model
 
 
@@ -44,7 +45,7 @@ def main() -> None:
             out = {}
             for pack in (True, False):  # the warm-up counts the FLOPs; the timed runs count nothing
                 with torch.no_grad(), measure(model.device, count_flops=not n) as cost:
-                    out[pack] = TT.teacher_targets(model, builders[0], demos, queries, spec, lead, pack=pack)
+                    out[pack] = teacher_targets(model, builders[0], demos, queries, spec, lead, pack=pack)
                 if n:
                     times[pack].append(cost.seconds)
                 else:

@@ -13,8 +13,9 @@ from icl_ssm.compress.cache import (
 )
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load_compressor, parameter_budget
 from icl_ssm.compress.generate import generate_with_prefix
+from icl_ssm.lm.generation import greedy_generate
 from icl_ssm.lm.hf import output_cache
-from icl_ssm.lm.scoring import continuation_logprobs, continuation_logprobs_ref, greedy_generate
+from icl_ssm.lm.logprobs import continuation_logprobs, continuation_logprobs_ref
 from icl_ssm.lm.tiny import tiny_config, tiny_model
 
 ARCHS = [("llama", {}), ("qwen2", {}), ("llama", {"head_dim": 24, "num_key_value_heads": 1})]

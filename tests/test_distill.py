@@ -22,6 +22,7 @@ from icl_ssm.distill import teacher as TT
 from icl_ssm.distill import train as distill_train
 from icl_ssm.distill.config import DistillConfig
 from icl_ssm.distill.losses import bucket_kl, kv_alignment_loss, label_kl, rank_loss
+from icl_ssm.distill.targets import pool_kv, teacher_targets
 from icl_ssm.distill.train import group_losses, training_states
 from icl_ssm.lm.models import load_model
 
@@ -202,7 +203,8 @@ def test_a_larger_cache_reuses_the_shards_of_a_smaller_one(tmp_cache, tmp_path, 
     small = TT.build_teacher_cache(model, tok, spec(model_fingerprint=fp), tmp_path / "root" / "small")
     other = TT.build_teacher_cache(model, tok, spec(model_fingerprint=fp, seed=1, episodes=3), tmp_path / "root" / "s1")
     calls = []
-    real = TT.teacher_targets
+    real = teacher_targets
+    # patched where build_teacher_cache looks it up
     monkeypatch.setattr(TT, "teacher_targets", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     big_spec = spec(model_fingerprint=fp, episodes=12)
     big = TT.build_teacher_cache(model, tok, big_spec, tmp_path / "root" / "big")
@@ -222,10 +224,10 @@ def test_a_larger_cache_reuses_the_shards_of_a_smaller_one(tmp_cache, tmp_path, 
 
 def test_pool_kv_means_equal_chunks():
     kv = torch.arange(2 * 10 * 1, dtype=torch.float32).view(2, 10, 1)
-    pooled = TT.pool_kv(kv, 10, 2, 4)  # positions 2..9 in 4 chunks of 2
+    pooled = pool_kv(kv, 10, 2, 4)  # positions 2..9 in 4 chunks of 2
     assert pooled[0, :, 0].tolist() == [2.5, 4.5, 6.5, 8.5]
     with pytest.raises(ValueError, match="fewer than num_virtual=4"):
-        TT.pool_kv(kv, 5, 2, 4)
+        pool_kv(kv, 5, 2, 4)
 
 
 # --- training -----------------------------------------------------------------------------
@@ -450,11 +452,11 @@ def test_hybrid_targets_pool_only_what_the_recent_tokens_do_not_keep(tmp_cache):
     pool = split(task, seed=0).pool
     builder = PromptBuilder.for_model(model, tok, task)
     s = spec(num_recent=5)
-    targets = TT.teacher_targets(model, builder, pool[:4], pool[4:6], s)
+    targets = teacher_targets(model, builder, pool[:4], pool[4:6], s)
     ids = torch.tensor([builder.build_prefix(pool[:4]).input_ids])
     keys = exact_cache(model, ids).keys
     L = ids.shape[1]
-    torch.testing.assert_close(targets["pool_k"][1].float(), TT.pool_kv(keys[1][0], L - 5, 2, 4), rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(targets["pool_k"][1].float(), pool_kv(keys[1][0], L - 5, 2, 4), rtol=1e-3, atol=1e-3)
 
 
 def test_label_kl_is_the_kl_of_the_renormalised_label_distribution():
@@ -611,8 +613,8 @@ def test_packed_teacher_pass_gives_the_reference_targets(name, tmp_cache):
     builder = PromptBuilder.for_model(model, tok, task)
     lead = builder.answer_lead(pool[4:9])
     s = spec(num_recent=3)
-    packed = TT.teacher_targets(model, builder, pool[:4], pool[4:9], s, lead)  # 5 queries of different lengths
-    reference = TT.teacher_targets(model, builder, pool[:4], pool[4:9], s, lead, pack=False)
+    packed = teacher_targets(model, builder, pool[:4], pool[4:9], s, lead)  # 5 queries of different lengths
+    reference = teacher_targets(model, builder, pool[:4], pool[4:9], s, lead, pack=False)
     assert len({len(q) for q in packed["query_ids"]}) > 1
     assert set(packed) == set(reference)
     for name_, value in reference.items():

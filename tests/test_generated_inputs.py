@@ -28,7 +28,7 @@ from icl_ssm.cli import build_parser  # noqa: E402
 from icl_ssm.data.splits import split  # noqa: E402
 from icl_ssm.data.tasks import get_task  # noqa: E402
 from icl_ssm.pipeline import RunConfig  # noqa: E402
-from icl_ssm.select.run import SelectConfig  # noqa: E402
+from icl_ssm.select.config import SelectConfig  # noqa: E402
 
 settings.register_profile("ci", max_examples=40, deadline=None,
                           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

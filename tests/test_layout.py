@@ -27,7 +27,7 @@ LAYERS = (
     ("icl_ssm.pipeline",),
     ("icl_ssm.cli", "icl_ssm.__main__"),
 )
-BENCH = SRC.parent / "bench" / "icl_ssm_bench"  # the benchmarks and the study: above the whole library
+BENCH = SRC.parent / "bench" / "src" / "icl_ssm_bench"  # the benchmarks and the study: above the whole library
 
 
 def module_name(path: Path) -> str:
@@ -175,3 +175,12 @@ def test_without_the_benchmark_package_its_commands_say_how_to_install_it(monkey
     for argv in (["bench", "scan", "--quick"], ["synthetic"]):
         assert cli.main(argv) == 2
         assert "pip install -e bench/" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("package", sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")
+                                           if p.parent.name != "pretrained"))
+def test_every_subpackage_says_what_it_holds_and_what_it_must_not_import(package):
+    """A newcomer opening a subpackage reads what is in it and where it stands in the layers."""
+    doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text())) or ""
+    assert len(doc.split()) >= 25, f"icl_ssm.{package}: a docstring of {len(doc.split())} words"
+    assert "import" in doc.lower() and "tests/test_layout.py" in doc, f"icl_ssm.{package}: no word on its imports"

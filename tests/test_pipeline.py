@@ -43,6 +43,8 @@ def test_run_writes_every_report_file_and_a_rerun_skips_finished_stages(data, tm
     failed_warning = "Warning: affinity selected on compressed caches that failed the fidelity verdict"
     assert (failed_warning in (out / "report.md").read_text()) == (verdict["verdict"] == "dense")
     assert report["compressor"]["source"] == "distilled"
+    seconds = report["stage_seconds"]  # each stage's wall seconds, as stored beside its result
+    assert {"compressor", "fidelity", "select-affinity", "check"} <= set(seconds) and min(seconds.values()) >= 0
     assert (out / "compressor" / "model.safetensors").exists()
     shape = json.loads((out / "compressor" / "config.json").read_text())
     assert shape["gate"] and shape["num_recent"] == 16  # the distilled default is the gated hybrid
@@ -225,7 +227,7 @@ def test_run_takes_the_shipped_compressor_and_its_accuracies_count_right_answers
 def test_the_search_screens_nothing_by_default_and_auto_follows_the_verdict(screen, verdict, compressor, expected,
                                                                          capsys):
     from icl_ssm.pipeline import DEFAULT_SCREEN, search_config
-    from icl_ssm.select.run import SelectConfig
+    from icl_ssm.select.config import SelectConfig
 
     cfg = RunConfig() if screen is None else RunConfig(screen=screen)
     got = search_config(cfg, SelectConfig(compressor=compressor), {"evaluator": verdict}, {"bm25": {"indices": [1, 2]}})

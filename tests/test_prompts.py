@@ -22,17 +22,11 @@ from helpers import (
 )
 
 from icl_ssm.data.tasks import get_task
+from icl_ssm.lm.generation import generate_answers, greedy_generate
 from icl_ssm.lm.hf import output_cache
+from icl_ssm.lm.logprobs import continuation_logprobs, continuation_logprobs_ref
 from icl_ssm.lm.prompts import Prompt, PromptBuilder
-from icl_ssm.lm.scoring import (
-    answer_loss,
-    continuation_logprobs,
-    continuation_logprobs_ref,
-    generate_answers,
-    greedy_generate,
-    predict_labels,
-    score_labels,
-)
+from icl_ssm.lm.scoring import answer_loss, predict_labels, score_labels
 from icl_ssm.lm.tiny import tiny_model, tiny_tokenizer
 
 TOKENIZERS = {"gpt2-style": tiny_tokenizer, "llama3-style": tiny_llama3_style_tokenizer}

@@ -105,7 +105,8 @@ def test_label_balanced_affinity(files, tmp_path, capsys):
 
 def test_per_label_shares_the_places_out_over_the_labels(files, tmp_path, capsys):
     from icl_ssm.lm.models import load_model
-    from icl_ssm.select.run import SelectConfig, select_demonstrations
+    from icl_ssm.select.config import SelectConfig
+    from icl_ssm.select.run import select_demonstrations
 
     model, tokenizer = load_model("tiny-llama")
     for method, seed in (("random", 1), ("bm25", 0)):  # random's seed-1 choice leans 3:1 to "yes"
@@ -187,7 +188,7 @@ def test_order_rearranges_the_same_selection(files, tmp_path, capsys):
 
 @pytest.mark.parametrize("split, warned", [(0.9, None), (0.35, "about 119 queries"), (-0.2, "mostly noise")])
 def test_reliability_lines_warn_with_the_queries_it_would_take(split, warned):
-    from icl_ssm.select.run import reliability_lines
+    from icl_ssm.select.notices import reliability_lines
 
     lines = reliability_lines({"validation_size": 32, **reliability(split, 32)})
     assert lines[0].startswith(f"split-half of the subset losses: {split:.2f}")
@@ -209,7 +210,7 @@ def test_bad_input_is_refused(files, tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert main(args(files, "--method", "random", "--out", str(tmp_path / "file"))) == 2
     assert "is a file" in capsys.readouterr().err
-    from icl_ssm.select.run import SelectConfig
+    from icl_ssm.select.config import SelectConfig
 
     with pytest.raises(ValueError, match="--order 'best'; accepted: score, interleave, random, search"):
         SelectConfig(order="best").validate()
@@ -288,7 +289,7 @@ def test_test_orders_give_an_order_averaged_accuracy(files, capsys):
 
 def test_the_papers_selection_recipe_fills_the_flags_not_given():
     from icl_ssm.pipeline import RunConfig
-    from icl_ssm.select.run import SelectConfig, apply_recipe, given_flags
+    from icl_ssm.select.config import SelectConfig, apply_recipe, given_flags
 
     assert given_flags(["--k", "3", "--pool-size=40", "--subsets", "9", "x"]) == {"k", "pool_size", "subsets"}
     paper = apply_recipe(SelectConfig(pool_size=100), "paper", set())

@@ -236,7 +236,7 @@ def test_select_and_distill_take_the_task_options(tmp_path, capsys):
 def test_seven_bad_inputs_get_a_precise_answer(tmp_path):
     from icl_ssm.compress.compressor import check_compressor_dir
     from icl_ssm.compress.pretrained import find_pretrained
-    from icl_ssm.select.run import SelectConfig
+    from icl_ssm.select.config import SelectConfig
 
     twice = tmp_path / "twice.csv"
     twice.write_text("text,label,label\na,x,y\n")

@@ -37,7 +37,9 @@ record = {"command": "tools/time_demo.sh", "what": "make demo from a fresh clone
           "headroom": {k: (rep.get("headroom") or {}).get(k) for k in ("search", "reliability", "why")},
           "search": {k: (rep.get("search") or {}).get(k) for k in ("screen", "budget_seconds", "wall_seconds",
                                                                    "screened", "screen_reliability")},
-          "fidelity_verdict": (rep.get("fidelity_verdict") or {}).get("verdict")}
+          "fidelity_verdict": (rep.get("fidelity_verdict") or {}).get("verdict"),
+          "compressor_source": (rep.get("compressor") or {}).get("source"),
+          "stage_seconds": rep.get("stage_seconds")}
 record["provenance"] = {k: record[k] for k in ("command", "commit", "machine", "date")}
 record["provenance"].update(torch=torch, transformers=transformers)
 os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -46,3 +48,5 @@ os.replace(out + ".tmp", out)
 print(json.dumps(record, indent=1))
 PY
 cp "$work/clone/demo/report.md" "${out%.json}-report.md"
+# the run's messages, each stage's progress lines with their seconds: where the time went
+sed 's/\r/\n/g' "$work/demo.log" | grep -v '━\|^\s*$\|Loading weights\|it/s\]' > "${out%.json}-demo.log" || true

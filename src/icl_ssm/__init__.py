@@ -30,17 +30,19 @@ from icl_ssm.data.tasks import register as register_task
 from icl_ssm.distill.config import DistillConfig
 from icl_ssm.distill.run import train_compressor
 from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
+from icl_ssm.lm.generation import generate_answers
 from icl_ssm.lm.models import EMBEDDED_MODELS, load_model, model_info
 from icl_ssm.lm.prompts import Prompt, PromptBuilder
-from icl_ssm.lm.scoring import answer_loss, generate_answers, predict_labels, score_labels
+from icl_ssm.lm.scoring import answer_loss, predict_labels, score_labels
 from icl_ssm.lm.support import validate_supported
 from icl_ssm.pipeline import RunConfig, run_pipeline
 from icl_ssm.select.affinity import AffinitySelector
 from icl_ssm.select.base import SELECTORS, Selection, Selector
 from icl_ssm.select.base import register as register_selector
+from icl_ssm.select.config import SelectConfig
 from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.evaluators import CacheEvaluator, SubsetEvaluator
-from icl_ssm.select.run import SelectConfig, select_demonstrations
+from icl_ssm.select.run import select_demonstrations
 from icl_ssm.select.selected import SelectedPrompt
 from icl_ssm.ssm.layer import HiPPOSSM
 

@@ -8,6 +8,8 @@ from .base import BENCH, Records, table
 
 VERDICTS = {"dense": "the verdict failed the shipped compressor, so the search ran without a screen",
             "compressed": "the verdict passed the shipped compressor"}
+UNUSED = ("no method of the demo reads the shipped compressor, so its fidelity was not measured, and the search ran "
+          "without a screen")
 
 
 def newest_runs(records: Records) -> list[tuple[str, dict]]:
@@ -35,8 +37,9 @@ def demo(records: Records) -> str:
     for name, r in runs:
         search = r["search"]
         # records from before time_demo.sh stored the verdict: a search without a screen means it failed
-        verdict = VERDICTS[r.get("fidelity_verdict") or ("dense" if search["screen"] in ("none", None)
-                                                         else "compressed")]
+        verdict = (UNUSED if r.get("compressor_source") == "unused" else
+                   VERDICTS[r.get("fidelity_verdict") or ("dense" if search["screen"] in ("none", None)
+                                                          else "compressed")])
         searched = search.get("budget_seconds") is not None
         what = (f"with the prompt search ({search['budget_seconds'] / 60:.0f} min)" if searched else
                 "without a search (the headroom gate found none to make)")

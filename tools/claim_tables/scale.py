@@ -122,7 +122,7 @@ def scale_projected(records: Records) -> str:
 
 
 def run_costs(records: Records) -> str:
-    """docs/cost-at-scale.md: what one `icl-ssm run` costs per model size on the CPU, measured (the
+    """docs/cost-at-scale.md: what one demo `icl-ssm run` costs per model size on the CPU, measured (the
     SmolLM2 demo) or projected from its non-search time by the ratio of dense seconds per subset."""
     demos = [r for _, r in newest_runs(records)]  # the cold demos of the newest commit, averaged
     demo_seconds = sum(r["demo_seconds"] for r in demos) / len(demos)
@@ -154,7 +154,8 @@ def run_costs(records: Records) -> str:
                      f"{seconds:.1f}", f"{minutes:.0f}", f"{weights + logits + kv:.1f}",
                      "yes" if weights + logits + kv <= 24 else "no", source])
     return table(["model", "parameters", "weights GiB (float32 / bfloat16)", "dense s / subset, k = 20 (1 thread)",
-                  "one `run`, minutes (CPU)", "one `run`, GiB (float32, from the shape)", "fits 24 GiB", "how"], rows)
+                  "one demo `run`, minutes (CPU)", "one `run`, GiB (float32, from the shape)", "fits 24 GiB", "how"],
+                 rows)
 
 
 def scale_profile(records: Records) -> str:

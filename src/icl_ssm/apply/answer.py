@@ -36,8 +36,9 @@ from icl_ssm.compress.cache import PrefixCache, compressed_cache, exact_cache
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.data.tasks import Example, Task
 from icl_ssm.evaluate.answers import answer_logits_packed, answer_scores
+from icl_ssm.lm.generation import generate_answers
 from icl_ssm.lm.prompts import Prompt, PromptBuilder
-from icl_ssm.lm.scoring import generate_answers, score_labels
+from icl_ssm.lm.scoring import score_labels
 from icl_ssm.select.per_query import PER_QUERY_METHODS, bm25_prompts, topk_prompts
 from icl_ssm.select.selected import SelectedPrompt
 
@@ -118,7 +119,7 @@ def scores_reencoded(model: PreTrainedModel, builder: PromptBuilder, prompts: Se
 
     ``batch=None`` (the reference): one unpadded forward per prompt, returning its last
     position's logits ``(n, V)`` float32 and the label scores ``(n, L)`` (multi-token
-    verbalisers: one forward per label, :func:`~icl_ssm.lm.scoring.continuation_logprobs_ref`).
+    verbalisers: one forward per label, :func:`~icl_ssm.lm.logprobs.continuation_logprobs_ref`).
     ``batch=b``: ``b`` prompts padded into one forward
     (:func:`~icl_ssm.lm.scoring.score_labels`), scores only."""
     if batch is not None:

@@ -15,7 +15,9 @@ that :meth:`~icl_ssm.calibrate.base.Calibration.apply` subtracts. One file per m
 * ``fitted`` (:mod:`.fitted`): the bias that minimises the cross-entropy on labelled examples.
 
 Classification tasks only. Imports only torch, numpy and :mod:`icl_ssm.data`.
-"""
+
+Imports only ``icl_ssm.lm``, ``icl_ssm.data`` and the top-level helpers; never the SSM, caches,
+selection or the command line (``tests/test_layout.py``)."""
 
 from icl_ssm.calibrate import batch, contextual, domain, fitted  # noqa: F401  (each module registers its method)
 from icl_ssm.calibrate.base import CALIBRATORS, NONE, Calibration, Calibrator, estimate, get_calibrator, no_calibration

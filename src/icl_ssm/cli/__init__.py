@@ -5,6 +5,8 @@ which registers its options and sets ``func`` (called with the parsed namespace,
 an exit code). This module only collects them: the stages' own, then those another installed
 package adds through the ``icl_ssm.commands`` entry points (``icl-ssm bench`` and ``icl-ssm
 synthetic``, from the repository's ``bench/`` package, which the installed library never imports).
+
+Nothing in the library imports it (``tests/test_layout.py``).
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load
 from icl_ssm.cost import measure, peak_rss
 from icl_ssm.data.splits import split, validate_k
 from icl_ssm.data.tasks import Example, get_task
+from icl_ssm.lm.generation import generate_answers
 from icl_ssm.lm.models import load_model, model_info
 from icl_ssm.lm.prompts import PromptBuilder
-from icl_ssm.lm.scoring import generate_answers, predict_labels
+from icl_ssm.lm.scoring import predict_labels
 
 
 def read_demos(path: str) -> list[Example]:

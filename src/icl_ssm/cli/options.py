@@ -76,7 +76,7 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
 
 def add_budget_flags(p: argparse.ArgumentParser, defaults: Any) -> None:
     """``--queries``, ``--budget`` and ``--target-reliability`` with ``defaults``' values (a
-    :class:`~icl_ssm.select.run.SelectConfig` or a run's config)."""
+    :class:`~icl_ssm.select.config.SelectConfig` or a run's config)."""
     p.add_argument("--queries", type=int, default=defaults.queries,
                    help="validation queries per subset (with --budget: the most it may use)")
     p.add_argument("--budget", type=float, default=defaults.budget,
@@ -104,7 +104,7 @@ def add_search_flags(p: argparse.ArgumentParser, defaults: Any, screens: tuple[s
 
 def add_recipe_flag(p: argparse.ArgumentParser) -> None:
     """``--recipe measured|paper``: the selection settings of the flags not given."""
-    from icl_ssm.select.run import SELECT_RECIPES
+    from icl_ssm.select.config import SELECT_RECIPES
 
     p.add_argument("--recipe", choices=SELECT_RECIPES, default="measured",
                    help="paper: the authors' selection settings for the flags not given (--subsets 1.5 x the pool, "

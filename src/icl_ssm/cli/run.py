@@ -10,8 +10,8 @@ from icl_ssm.cli.options import add_budget_flags, add_recipe_flag, add_search_fl
 from icl_ssm.evaluate.verdict import VERDICT_EVALUATORS
 from icl_ssm.pipeline import CALIBRATE, SEARCH_SCREENS, RunConfig, run_pipeline, say
 from icl_ssm.report.markdown import calibration_lines, check_lines, verdict_lines
+from icl_ssm.select.config import ORDERS, apply_recipe, given_flags
 from icl_ssm.select.estimators import ESTIMATORS
-from icl_ssm.select.run import ORDERS, apply_recipe, given_flags
 
 
 def _main(args: argparse.Namespace) -> int:

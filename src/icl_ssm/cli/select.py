@@ -1,4 +1,4 @@
-"""``icl-ssm select``: parse the flags into a :class:`~icl_ssm.select.run.SelectConfig`, call
+"""``icl-ssm select``: parse the flags into a :class:`~icl_ssm.select.config.SelectConfig`, call
 :func:`~icl_ssm.select.run.select_demonstrations`, write and print the result."""
 
 from __future__ import annotations
@@ -19,22 +19,20 @@ from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lock import one_writer
 from icl_ssm.select.base import SELECTORS
-from icl_ssm.select.estimators import ESTIMATORS
-from icl_ssm.select.run import (
+from icl_ssm.select.config import (
     CALIBRATE,
     EVALUATORS,
     ORDERS,
     SelectConfig,
     apply_recipe,
     given_flags,
-    lean_lines,
-    reliability_lines,
-    select_demonstrations,
-    select_per_query,
     uses_compressor,
     with_shipped_compressor,
-    write_selection,
 )
+from icl_ssm.select.estimators import ESTIMATORS
+from icl_ssm.select.notices import lean_lines, reliability_lines
+from icl_ssm.select.outputs import write_selection
+from icl_ssm.select.run import select_demonstrations, select_per_query
 from icl_ssm.select.search import SCREENS
 
 

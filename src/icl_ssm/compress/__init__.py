@@ -1,1 +1,10 @@
-"""compress."""
+"""The compressed cache: the SSM compressor (the paper's Section 3.1, :mod:`.compressor`), the
+compressors shipped with the package (:mod:`.pretrained`), the prefix caches it and the dense
+prompt produce (:mod:`.cache`, every contact with the transformers Cache API beside
+:mod:`icl_ssm.lm.hf`), many short suffixes read after one prefix row (:mod:`.packed`), the
+same-size long-context baselines (:mod:`.baselines`) and generation after a prefix
+(:mod:`.generate`).
+
+Imports only ``icl_ssm.ssm`` and the layers below it (``calibrate``, ``lm``, ``data`` and the
+top-level helpers); never distillation, evaluation, selection or the command line
+(``tests/test_layout.py``)."""

@@ -1,5 +1,7 @@
-"""Every contact with the transformers Cache API (v5) lives here, and in the two modules built on
-this one: :mod:`.baselines` (the StreamingLLM and LM-Infinite caches) and :mod:`.generate`.
+"""Every contact with the transformers Cache API (v5) lives here, and in the modules built on
+this one: :mod:`.baselines` (the StreamingLLM and LM-Infinite caches), :mod:`.generate` and
+:mod:`.packed` (many short suffixes read after one prefix row, :func:`forward_with_prefix` its
+reference).
 
 A :class:`PrefixCache` is what stands in front of a query: per-layer keys and values
 ``(B, H_kv, L, d)`` (post-RoPE, as the teacher's own cache holds them), which of the ``L``
@@ -25,7 +27,6 @@ at the uncompressed prompt's length.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,15 +35,12 @@ from transformers import DynamicCache, PreTrainedModel
 
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.lm.hf import (
-    accepts_logits_to_keep,
     hidden_after_layers,
     kv_from_cache,
     output_cache,
     prefix_mask_for,
     real_positions,
-    sliding_window,
     slot_positions,
-    windowed_mask,
     with_cache,
 )
 
@@ -351,79 +349,3 @@ def forward_with_prefix(
     language model's output has logits ``(B, q, vocab)``, a regression teacher's predictions ``(B, q)``."""
     return model(**query_inputs(model, prefix, input_ids, attention_mask), use_cache=True, **kwargs)
 
-
-def forward_packed(
-    model: PreTrainedModel,
-    prefixes: PrefixCache,
-    suffixes: Sequence[Sequence[int]],
-    rows: Sequence[int],
-    output_hidden_states: bool = False,
-) -> tuple[Tensor, Tensor | None]:
-    """The last token of every ``suffixes[i]`` read after prefix row ``rows[i]``, with every
-    suffix of a row packed into one sequence.
-
-    Batching each suffix with its own copy of its row's cache (:func:`forward_with_prefix` on
-    :meth:`PrefixCache.select`) copies a long prefix (a dense 50-shot prompt is ~1700 tokens)
-    once per query, at every layer. Here the suffixes that share a row are laid end to end as
-    segments of one sequence: a segment sees the prefix and its own earlier tokens (a
-    block-diagonal causal mask), its position ids restart at the prefix's ``next_position``, and
-    the outputs are read at each segment's last token. The prefix is read once per row and
-    nothing is padded but the ends of shorter rows. Same result as the batched path up to float
-    rounding; the attention between segments is computed and masked, so the work grows with the
-    square of a row's packed length (keep the suffixes a row moderate).
-
-    Returns the logits there ``(n, V)`` float32 and, with ``output_hidden_states``, every
-    layer's hidden state there ``(n, m, H)`` (the embeddings left out), else None. Gradients
-    flow as the caller's grad mode allows.
-    """
-    if len(suffixes) != len(rows):
-        raise ValueError(f"{len(suffixes)} suffixes but {len(rows)} prefix rows; expected equal")
-    device = prefixes.mask.device
-    groups: dict[int, list[int]] = {}  # prefix row -> its pairs, in order
-    for i, (s, r) in enumerate(zip(suffixes, rows, strict=True)):
-        if not s:
-            raise ValueError(f"suffix {i} is empty; expected at least one token")
-        groups.setdefault(int(r), []).append(i)
-    width = max(sum(len(suffixes[i]) for i in pairs) for pairs in groups.values())
-    B = len(groups)
-    ids = torch.zeros((B, width), dtype=torch.long)
-    segment = torch.full((B, width), -1, dtype=torch.long)  # which suffix each slot holds; -1: padding
-    offset = torch.zeros((B, width), dtype=torch.long)  # a slot's index inside its segment
-    keep = torch.zeros((B, width), dtype=torch.bool)  # segment ends: where the logits are read
-    order = []  # pair index of each kept position, in row-major order
-    for b, pairs in enumerate(groups.values()):
-        at = 0
-        for i in pairs:
-            s = list(suffixes[i])
-            ids[b, at : at + len(s)] = torch.tensor(s, dtype=torch.long)
-            segment[b, at : at + len(s)] = i
-            offset[b, at : at + len(s)] = torch.arange(len(s))
-            keep[b, at + len(s) - 1] = True
-            order.append(i)
-            at += len(s)
-    sub = prefixes.select(list(groups))
-    dtype = sub.keys[0].dtype
-    low = torch.finfo(dtype).min
-    bias = torch.zeros(sub.mask.shape, dtype=dtype, device=device) if sub.bias is None else sub.bias.to(dtype)
-    seen = torch.where(sub.mask, bias, torch.full_like(bias, low))  # (B, L)
-    causal = torch.arange(width)[None, :] <= torch.arange(width)[:, None]  # (S, S) j <= i
-    sees = (segment[:, :, None] == segment[:, None, :]) & causal[None] & (segment[:, None, :] >= 0)  # (B, S, S)
-    own = torch.zeros(sees.shape, dtype=dtype).masked_fill(~sees, low).to(device)
-    attention = torch.cat([seen[:, None].expand(B, width, -1), own], dim=2)[:, None]  # (B, 1, S, L + S)
-    if sliding_window(model.config) is not None:  # a segment's tokens stand after the prefix, each from its start
-        before, start = slot_positions(sub.mask, sub.positions)
-        at = start[:, None] + offset.to(device)  # (B, S)
-        attention = windowed_mask(model, attention, at, torch.cat([before, at], dim=1))
-    positions = sub.next_position[:, None] + offset.to(device)
-    keep = keep.to(device)
-    extra = {"logits_to_keep": keep} if accepts_logits_to_keep(model) else {}
-    out = model(input_ids=ids.to(device), attention_mask=attention, position_ids=positions, use_cache=True,
-                output_hidden_states=output_hidden_states, **with_cache(model, sub.to_dynamic()), **extra)
-    z = out.logits if extra else out.logits[keep]  # (n, V), row-major over kept positions
-    where = torch.empty(len(suffixes), dtype=torch.long, device=z.device)
-    where[torch.tensor(order, device=z.device)] = torch.arange(len(order), device=z.device)
-    logits = z.reshape(len(order), -1).float()[where]
-    if not output_hidden_states:
-        return logits, None
-    hidden = torch.stack([h[keep] for h in out.hidden_states[1:]], dim=1)  # (n, m, H), row-major
-    return logits, hidden[where.to(hidden.device)]

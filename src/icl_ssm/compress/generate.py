@@ -10,8 +10,8 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from icl_ssm.compress.cache import PrefixCache, query_inputs
+from icl_ssm.lm.generation import greedy_generate
 from icl_ssm.lm.hf import sliding_window
-from icl_ssm.lm.scoring import greedy_generate
 
 
 def generate_with_prefix(
@@ -29,7 +29,7 @@ def generate_with_prefix(
 
     A gated prefix (``bias``) needs a 4D attention mask that ``model.generate`` cannot extend
     step by step, and a sliding-window model a window counted over real slots: both are decoded
-    greedily by :func:`icl_ssm.lm.scoring.greedy_generate` (which rebuilds the mask each step),
+    greedily by :func:`icl_ssm.lm.generation.greedy_generate` (which rebuilds the mask each step),
     and the output is padded like ``generate``'s (with ``pad_token_id``) after an
     end-of-sequence token; sampling and other generation options are refused for them.
     """

@@ -2,7 +2,10 @@
 generated), the readers of a user's own files, and the pool / validation / test splits.
 
 Importing this package registers every built-in task in :data:`~icl_ssm.data.tasks.TASKS`,
-in the order ``icl-ssm data list`` shows them."""
+in the order ``icl-ssm data list`` shows them.
+
+Imports only the top-level helpers (``atomic``, ``cost``, ``lock``, ``provenance``, ``schema``);
+never a model, a cache or anything built on them (``tests/test_layout.py``)."""
 
 # isort: off
 from icl_ssm.data import hub  # noqa: F401  (each module registers its tasks)

@@ -5,16 +5,11 @@ and Q queries from the same pool (never the validation or test split). Episodes 
 *groups* of subsets that share their queries, so that the student can be taught how losses
 *differ between subsets* on the same queries, the quantity selection ranks by.
 
-For every episode the teacher runs one dense prefill over the demonstrations and then answers
-each query from that prefix cache (never re-running the prefix). Stored, per episode:
-
-* ``pool_k``, ``pool_v: (m, H_kv, n_v, d)``: the post-RoPE keys/values of the prompt after
-  the sinks, averaged over ``n_v`` equal chunks of positions (the stage-1 targets);
-* per query: the top-K log-probabilities of the answer-position distribution and the mass
-  left outside them (KL targets), the gold token's log-probability and that of every label's
-  token, and every layer's hidden state at the answer position. The answer position is the
-  first one where answers differ: a lead that every answer shares (the space of " 42" in
-  SmolLM2's tokenizer) is appended to each query (``TeacherSpec.answer_leads``).
+Here: what the targets depend on (:class:`TeacherSpec`), the episodes they are computed for
+(:func:`sample_episodes`) and their store on disk (:func:`build_teacher_cache` fills it,
+:class:`TeacherCache` reads it). One episode's targets (the pooled K/V of the prompt, each
+query's answer distribution, gold and label log-probabilities and hidden states) are
+:func:`icl_ssm.distill.targets.teacher_targets`.
 
 Shards are safetensors files written atomically under a directory keyed by everything the
 targets depend on (``meta.json``); a directory written with other settings is refused with
@@ -38,10 +33,9 @@ from safetensors.torch import load_file, save
 from torch import Tensor
 
 from icl_ssm import atomic
-from icl_ssm.compress.cache import exact_cache, forward_packed, forward_with_prefix
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import Example, get_task
-from icl_ssm.lm.batch import pad_ids
+from icl_ssm.distill.targets import teacher_targets
 from icl_ssm.lm.prompts import PromptBuilder
 
 FORMAT = 1
@@ -184,70 +178,6 @@ def _unragged(flat: Tensor, offsets: Tensor) -> list[Tensor]:
     return [flat[offsets[i] : offsets[i + 1]].long() for i in range(len(offsets) - 1)]
 
 
-def pool_kv(kv: Tensor, length: int, num_sink: int, num_virtual: int) -> Tensor:
-    """Mean of ``kv: (H_kv, L, d)`` over ``num_virtual`` equal chunks of positions
-    ``num_sink .. length`` -> ``(H_kv, num_virtual, d)`` (the paper's Pool)."""
-    span = kv[:, num_sink:length]
-    if span.shape[1] < num_virtual:
-        raise ValueError(
-            f"a prompt of {length} tokens leaves {span.shape[1]} after {num_sink} sinks, fewer than "
-            f"num_virtual={num_virtual}; use more demonstrations or fewer virtual tokens"
-        )
-    return torch.stack([c.mean(dim=1) for c in torch.tensor_split(span, num_virtual, dim=1)], dim=1)
-
-
-@torch.no_grad()
-def teacher_targets(model, builder: PromptBuilder, demos: list[Example], queries: list[Example],
-                    spec: TeacherSpec, lead: Sequence[int] = (), pack: bool = True) -> dict[str, Tensor]:
-    """One episode's targets (see the module docstring); shapes without the episode axis.
-
-    ``lead``: the tokens every answer starts with (``PromptBuilder.answer_lead``); they end each
-    stored query, so the targets (distribution, gold token, label tokens, hidden states) are
-    those of the first token where answers differ. The label tokens are the labels' distinct
-    tokens there, in label order. ``pack``: the queries are read as segments of one sequence
-    after the prefix (:func:`icl_ssm.compress.cache.forward_packed`); ``False`` is the reference path,
-    each query after its own copy of the prefix (the same targets up to float rounding).
-    Computed on the model's device, returned on the CPU."""
-    device = model.device
-    prefix_ids = torch.tensor([builder.build_prefix(demos).input_ids], device=device)
-    dense = exact_cache(model, prefix_ids)
-    L = prefix_ids.shape[1]
-    end = L - spec.num_recent  # virtual tokens summarise what the recent tokens do not keep
-    pool_k = torch.stack([pool_kv(k[0], end, spec.num_sink, spec.num_virtual) for k in dense.keys])
-    pool_v = torch.stack([pool_kv(v[0], end, spec.num_sink, spec.num_virtual) for v in dense.values])
-    lead = list(lead)
-    suffixes = [torch.tensor(builder.build_suffix(q).input_ids + lead) for q in queries]
-    if pack:  # every query a segment of one sequence after the prefix (read once, not copied per query)
-        with torch.no_grad():
-            logits, hidden = forward_packed(model, dense, [s.tolist() for s in suffixes], [0] * len(queries),
-                                              output_hidden_states=True)
-    else:  # the reference: each query after its own copy of the prefix, left-padded
-        ids, mask = pad_ids(suffixes, side="left")  # the answer position is the last one for every row
-        out = forward_with_prefix(model, dense.repeat_interleave(len(queries)), ids.to(device), mask.to(device),
-                                    output_hidden_states=True, logits_to_keep=1)
-        logits = out.logits[:, -1]
-        hidden = torch.stack([h[:, -1] for h in out.hidden_states[1:]], dim=1)  # (Q, m, H)
-    logp = torch.log_softmax(logits.float(), dim=-1)  # (Q, V)
-    top_logp, top_idx = logp.topk(spec.topk, dim=-1)
-    gold = torch.tensor([builder.answer_ids(q)[len(lead)] for q in queries], device=device)
-    labels = builder.task.labels if builder.task.kind == "classification" else ()
-    distinct = dict.fromkeys(builder.answer_ids(lab)[len(lead)] for lab in labels)
-    label_tokens = torch.tensor(list(distinct), dtype=torch.long, device=device)
-    targets = {
-        "prompt_ids": prefix_ids[0],
-        "pool_k": pool_k.half(),
-        "pool_v": pool_v.half(),
-        "top_idx": top_idx.int(),
-        "top_logp": top_logp,
-        "gold_token": gold,
-        "gold_logp": logp.gather(1, gold[:, None])[:, 0],
-        "label_tokens": label_tokens,
-        "label_logp": logp[:, label_tokens] if len(labels) else logp.new_zeros(len(queries), 0),
-        "hidden": hidden.half(),
-    }
-    return {"query_ids": suffixes, **{name: t.cpu() for name, t in targets.items()}}
-
-
 def _atomic_save(tensors: dict[str, Tensor], path: Path) -> None:
     data = save({k: v.contiguous() for k, v in tensors.items()})
     atomic.write_with(path, lambda f: f.write(data))
@@ -355,6 +285,26 @@ def _reusable_shards(directory: Path, spec: TeacherSpec, episodes: list[Episode]
     return found
 
 
+def _shard_tensors(rows: list[dict]) -> dict[str, Tensor]:
+    """One shard's tensors from its episodes' :func:`teacher_targets`: every target stacked on a
+    leading episode axis, the token ids ragged (flat + offsets), the label axis padded to the
+    shard's largest label count (tokens with -1, log-probabilities with -inf)."""
+    n_labels = max(r["label_tokens"].numel() for r in rows)
+    prompt_ids, prompt_offsets = _ragged([r["prompt_ids"].tolist() for r in rows])
+    query_ids, query_offsets = _ragged([q.tolist() for r in rows for q in r["query_ids"]])
+    def padded(name: str, value: float) -> Tensor:  # tasks differ in their label count
+        return torch.stack([F.pad(r[name], (0, n_labels - r[name].shape[-1]), value=value) for r in rows])
+
+    tensors = {
+        "prompt_ids": prompt_ids, "prompt_offsets": prompt_offsets,
+        "query_ids": query_ids, "query_offsets": query_offsets,
+        "label_tokens": padded("label_tokens", -1), "label_logp": padded("label_logp", float("-inf")),
+    }
+    for name in ("pool_k", "pool_v", "top_idx", "top_logp", "gold_token", "gold_logp", "hidden"):
+        tensors[name] = torch.stack([r[name] for r in rows])
+    return tensors
+
+
 def _copy_atomic(src: Path, path: Path) -> None:
     with open(src, "rb") as source:
         atomic.write_with(path, lambda f: shutil.copyfileobj(source, f))
@@ -410,18 +360,5 @@ def build_teacher_cache(
             done += 1
             if progress:
                 progress(done, total)
-        n_labels = max(r["label_tokens"].numel() for r in rows)
-        prompt_ids, prompt_offsets = _ragged([r["prompt_ids"].tolist() for r in rows])
-        query_ids, query_offsets = _ragged([q.tolist() for r in rows for q in r["query_ids"]])
-        def padded(name: str, value: float) -> Tensor:  # tasks differ in their label count
-            return torch.stack([F.pad(r[name], (0, n_labels - r[name].shape[-1]), value=value) for r in rows])
-
-        tensors = {
-            "prompt_ids": prompt_ids, "prompt_offsets": prompt_offsets,
-            "query_ids": query_ids, "query_offsets": query_offsets,
-            "label_tokens": padded("label_tokens", -1), "label_logp": padded("label_logp", float("-inf")),
-        }
-        for name in ("pool_k", "pool_v", "top_idx", "top_logp", "gold_token", "gold_logp", "hidden"):
-            tensors[name] = torch.stack([r[name] for r in rows])
-        _atomic_save(tensors, path)
+        _atomic_save(_shard_tensors(rows), path)
     return directory

@@ -218,6 +218,109 @@ def training_states(model, compressor: SSMCompressor, teacher: TeacherCache, bat
     return torch.cat(out)
 
 
+def _new_compressor(model, cfg: DistillConfig, resume: bool, device: torch.device) -> SSMCompressor:
+    """A compressor for ``model`` initialised from ``cfg.seed`` (the global torch RNG is left as it
+    was), with the weights of ``cfg.init_from`` unless resuming, in training mode on ``device``."""
+    info_params = sum(p.numel() for p in model.parameters())
+    ccfg = SSMCompressorConfig.for_teacher(model.config, name=cfg.model, num_parameters=info_params,
+                                           **cfg.compressor_overrides())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        compressor = SSMCompressor(ccfg).train()
+    if cfg.init_from and not resume:
+        start_from(compressor, cfg.init_from, model.config)
+    # on the device before the optimizer exists: a resumed optimizer state follows its parameters there
+    return compressor.to(device)
+
+
+def _optimizer(compressor: SSMCompressor, cfg: DistillConfig) -> torch.optim.AdamW:
+    """AdamW over the compressor; the gates and the learned steps at their own learning rates
+    (``own_lr``, no weight decay), every other parameter at the stage's."""
+    own = {"gate_bias": cfg.gate_lr, "ssm.log_dt": cfg.dt_lr}  # parameters with their own learning rate
+    rest = [p for n, p in compressor.named_parameters() if n not in own]
+    param_groups = [{"params": rest}] + [{"params": [p], "own_lr": own[n], "weight_decay": 0.0}
+                                         for n, p in compressor.named_parameters() if n in own]
+    return torch.optim.AdamW(param_groups, lr=cfg.stage1_lr, weight_decay=cfg.weight_decay)
+
+
+def _schedule(teacher: TeacherCache, cfg: DistillConfig) -> Schedule:
+    """The :class:`Schedule` of ``teacher``'s groups (in group order), or a ValueError when it has no step."""
+    groups: dict[int, list[int]] = {}
+    for i, e in enumerate(teacher.episodes):
+        groups.setdefault(e.group, []).append(i)
+    schedule = Schedule([groups[g] for g in sorted(groups)], cfg)
+    if len(schedule.steps) == 0:
+        raise ValueError(f"no training steps: {len(groups)} groups with groups_per_step={cfg.groups_per_step}")
+    return schedule
+
+
+def _set_lr(optimizer: torch.optim.Optimizer, schedule: Schedule, cfg: DistillConfig, step: int, stage: int) -> None:
+    """Every parameter group's learning rate at ``step``: its own (or the stage's) times the warmup-cosine factor."""
+    lo, hi = schedule.stage_bounds(stage)
+    base = cfg.stage1_lr if stage == 1 else cfg.stage2_lr
+    for pg in optimizer.param_groups:
+        pg["lr"] = pg.get("own_lr", base) * _lr_factor(step, lo, hi, cfg.warmup_ratio)
+
+
+def _step_loss(model, compressor: SSMCompressor, teacher: TeacherCache, groups: list[list[int]],
+               cfg: DistillConfig, stage: int) -> tuple[Tensor, dict[str, float]]:
+    """The mean of :func:`group_losses`' ``loss`` over ``groups`` (episode indices per group: this
+    process's share of the step) and of every logged term, as floats."""
+    total = None
+    logs: dict[str, float] = {}
+    for episode_ids in groups:
+        episodes = [teacher.get(i) for i in episode_ids]
+        losses = group_losses(model, compressor, episodes, cfg, stage)
+        part = losses["loss"] / len(groups)
+        total = part if total is None else total + part
+        for key, value in losses.items():
+            logs[key] = logs.get(key, 0.0) + float(value.detach()) / len(groups)
+    return total, logs
+
+
+def _check_finite(total: Tensor, step: int, stage: int, out: Path) -> None:
+    """Raise :class:`TrainingDiverged` when the step's loss is nan or inf (before any update)."""
+    if not torch.isfinite(total):
+        raise TrainingDiverged(
+            f"loss became {total.item()} at step {step} (stage {stage}); the last good checkpoint is kept "
+            f"in {str(out / 'checkpoint')!r}"
+        )
+
+
+def _update(compressor: SSMCompressor, optimizer: torch.optim.Optimizer, total: Tensor, max_grad_norm: float,
+            world: int) -> None:
+    """One optimizer step on ``total``: gradients averaged over the processes, then clipped."""
+    optimizer.zero_grad(set_to_none=True)
+    total.backward()
+    _average_gradients(compressor, world)
+    torch.nn.utils.clip_grad_norm_(compressor.parameters(), max_grad_norm)
+    optimizer.step()
+
+
+def _mean_over_processes(logs: dict[str, float], world: int) -> dict[str, float]:
+    """The step's logged terms over all processes, as one process would log them."""
+    if world == 1:
+        return logs
+    import torch.distributed as dist
+
+    names = sorted(logs)
+    values = torch.tensor([logs[n] for n in names], dtype=torch.float64)
+    dist.all_reduce(values)
+    return {n: v / world for n, v in zip(names, values.tolist())}
+
+
+def _watched(compressor: SSMCompressor) -> dict:
+    """What the log follows of the compressor's own parameters: how far a gated compressor's
+    virtual tokens have been let in, and the learned steps (one per group)."""
+    record = {}
+    if compressor.config.gate:
+        gate = compressor.gate_bias
+        record["gate_mean"], record["gate_max"] = gate.mean().item(), gate.max().item()
+    if compressor.config.learn_dt:
+        record["dt"] = compressor.ssm.log_dt.exp().tolist()
+    return record
+
+
 def train(
     model,
     teacher: TeacherCache,
@@ -238,33 +341,14 @@ def train(
 
     accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
     out = Path(out)
-    info_params = sum(p.numel() for p in model.parameters())
-    ccfg = SSMCompressorConfig.for_teacher(model.config, name=cfg.model, num_parameters=info_params,
-                                           **cfg.compressor_overrides())
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
-        compressor = SSMCompressor(ccfg).train()
-    if cfg.init_from and not resume:
-        start_from(compressor, cfg.init_from, model.config)
-    # on the device before the optimizer exists: a resumed optimizer state follows its parameters there
-    compressor.to(accelerator.device)
-    own = {"gate_bias": cfg.gate_lr, "ssm.log_dt": cfg.dt_lr}  # parameters with their own learning rate
-    rest = [p for n, p in compressor.named_parameters() if n not in own]
-    param_groups = [{"params": rest}] + [{"params": [p], "own_lr": own[n], "weight_decay": 0.0}
-                                         for n, p in compressor.named_parameters() if n in own]
-    optimizer = torch.optim.AdamW(param_groups, lr=cfg.stage1_lr, weight_decay=cfg.weight_decay)
-    groups: dict[int, list[int]] = {}
-    for i, e in enumerate(teacher.episodes):
-        groups.setdefault(e.group, []).append(i)
-    schedule = Schedule([groups[g] for g in sorted(groups)], cfg)
-    if len(schedule.steps) == 0:
-        raise ValueError(f"no training steps: {len(groups)} groups with groups_per_step={cfg.groups_per_step}")
+    compressor = _new_compressor(model, cfg, resume, accelerator.device)
+    optimizer = _optimizer(compressor, cfg)
+    schedule = _schedule(teacher, cfg)
     start_step, history = 0, []
     if resume:
         start_step, history = load_checkpoint(out, compressor, optimizer)
-    elif ccfg.standardize and not ccfg.control:
+    elif compressor.config.standardize and not compressor.config.control:
         compressor.fit_standardizer(training_states(model, compressor, teacher))
-    raw = compressor
     rank, world = accelerator.process_index, accelerator.num_processes
     if cfg.groups_per_step % world:
         raise ValueError(f"groups_per_step={cfg.groups_per_step} must be a multiple of the {world} processes")
@@ -273,52 +357,23 @@ def train(
         if stop_after is not None and step - start_step >= stop_after:
             break
         stage, group_ids = schedule.steps[step]
-        lo, hi = schedule.stage_bounds(stage)
-        base = cfg.stage1_lr if stage == 1 else cfg.stage2_lr
-        for pg in optimizer.param_groups:
-            pg["lr"] = pg.get("own_lr", base) * _lr_factor(step, lo, hi, cfg.warmup_ratio)
-        mine = group_ids[rank::world]
-        total = None
-        logs: dict[str, float] = {}
-        for gid in mine:
-            episodes = [teacher.get(i) for i in schedule.groups[gid]]
-            losses = group_losses(model, compressor, episodes, cfg, stage)
-            part = losses["loss"] / len(mine)
-            total = part if total is None else total + part
-            for key, value in losses.items():
-                logs[key] = logs.get(key, 0.0) + float(value.detach()) / len(mine)
-        if not torch.isfinite(total):
-            raise TrainingDiverged(
-                f"loss became {total.item()} at step {step} (stage {stage}); the last good checkpoint is kept "
-                f"in {str(out / 'checkpoint')!r}"
-            )
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        _average_gradients(compressor, world)
-        torch.nn.utils.clip_grad_norm_(compressor.parameters(), cfg.max_grad_norm)
-        optimizer.step()
-        if world > 1:  # the step's losses over all processes, as one process would log them
-            import torch.distributed as dist
-
-            names = sorted(logs)
-            values = torch.tensor([logs[n] for n in names], dtype=torch.float64)
-            dist.all_reduce(values)
-            logs = {n: v / world for n, v in zip(names, values.tolist())}
+        _set_lr(optimizer, schedule, cfg, step, stage)
+        mine = [schedule.groups[gid] for gid in group_ids[rank::world]]
+        total, logs = _step_loss(model, compressor, teacher, mine, cfg, stage)
+        _check_finite(total, step, stage, out)
+        _update(compressor, optimizer, total, cfg.max_grad_norm, world)
+        logs = _mean_over_processes(logs, world)
         record = {"step": step, "stage": stage, "lr": optimizer.param_groups[0]["lr"], **logs,
-                  "seconds": time.perf_counter() - t0}
-        if raw.config.gate:  # how far the virtual tokens have been let in
-            record["gate_mean"], record["gate_max"] = raw.gate_bias.mean().item(), raw.gate_bias.max().item()
-        if raw.config.learn_dt:  # the learned steps, one per group
-            record["dt"] = raw.ssm.log_dt.exp().tolist()
+                  "seconds": time.perf_counter() - t0, **_watched(compressor)}
         history.append(record)
         if progress and accelerator.is_main_process:
             progress({**record, "total_steps": len(schedule.steps), "start_step": start_step})
         if (step + 1) % cfg.checkpoint_every == 0 and accelerator.is_main_process:
-            save_checkpoint(out, raw, optimizer, step + 1, history)
+            save_checkpoint(out, compressor, optimizer, step + 1, history)
         accelerator.wait_for_everyone()
     else:
         if accelerator.is_main_process:
-            save_final(out, raw, cfg, history)
+            save_final(out, compressor, cfg, history)
             if (out / "checkpoint").exists():
                 shutil.rmtree(out / "checkpoint")
-    return raw.eval()
+    return compressor.eval()

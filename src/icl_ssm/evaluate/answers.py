@@ -12,13 +12,15 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from icl_ssm.compress.cache import PrefixCache, forward_packed, forward_with_prefix
+from icl_ssm.compress.cache import PrefixCache, forward_with_prefix
+from icl_ssm.compress.packed import forward_packed
 from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
 from icl_ssm.lm.batch import PromptLike, as_ids, pad_ids
+from icl_ssm.lm.generation import generate_answers
 from icl_ssm.lm.hf import accepts_logits_to_keep, output_cache, slot_positions, windowed_mask, with_cache
 from icl_ssm.lm.prompts import PromptBuilder
-from icl_ssm.lm.scoring import answer_loss, generate_answers
+from icl_ssm.lm.scoring import answer_loss
 
 LOSSES = ("nll", "ce")  # gold-verbaliser NLL, or cross-entropy over the label set
 
@@ -157,7 +159,7 @@ def answer_logits_packed(
     model: PreTrainedModel, prefixes: PrefixCache, suffixes: Sequence[Sequence[int]], rows: Sequence[int]
 ) -> Tensor:
     """:func:`answer_logits` with every suffix of a prefix row packed into one sequence
-    (:func:`icl_ssm.compress.cache.forward_packed`): the prefix is read once per row instead of copied
+    (:func:`icl_ssm.compress.packed.forward_packed`): the prefix is read once per row instead of copied
     once per query. Same result up to float rounding; ``(n, V)`` float32."""
     with torch.no_grad():
         return forward_packed(model, prefixes, suffixes, rows)[0]

@@ -1,4 +1,4 @@
-"""Prompts of in-context demonstrations, with exact token spans, and the answers they are scored on.
+"""Prompts of in-context demonstrations, with exact token spans (their answers: :mod:`.answer_format`).
 
 A prompt is a *header* (BOS + instruction), one *piece* per demonstration and a *query*
 piece. Every piece is tokenised on its own and the ids are concatenated, so
@@ -16,12 +16,8 @@ Plain-text layout (``chat=False``)::
     {input_prefix}{input}\n{output_prefix} {verbalizer}\n\n      <- one per demonstration
     {input_prefix}{input}\n{output_prefix}                        <- the query
 
-**Leading-space rule.** Trailing whitespace is stripped from ``output_prefix`` and the answer
-(verbaliser or generative target) carries one leading space: ``"Sentiment:" + " positive"``.
-Byte-level BPE tokenizers (GPT-2, Llama-3, Qwen2, SmolLM2) fold a leading space into the
-word's token, so ``" positive"`` is what the model emits after ``"Sentiment:"``; the scored
-continuation is exactly the token sequence the demonstrations show. In chat mode the answer
-is the assistant turn's content, with no leading space.
+The answer after ``{output_prefix}`` carries one leading space in plain mode and none in chat
+mode (the leading-space rule of :mod:`icl_ssm.lm.answer_format`).
 
 **Where the ``\n\n`` separator is cut.** Llama-3/Qwen2 tokenizers merge punctuation with
 following newlines (``".\n\n"`` is one token), so the separator must end the previous piece
@@ -49,39 +45,18 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from icl_ssm.lm.answer_format import AnswerFormat, ExampleLike, TaskLike
 from icl_ssm.lm.chat import ChatTurns
 
 SEPARATOR = "\n\n"
 
 
 SEPARATOR_POSITIONS = ("trailing", "leading")
-
-
-class ExampleLike(Protocol):
-    """What :class:`PromptBuilder` reads from an example (``icl_ssm.data.tasks.Example``)."""
-
-    id: str
-    input: str
-    target: str
-
-
-class TaskLike(Protocol):
-    """What this module reads from a task (``icl_ssm.data.tasks.Task``)."""
-
-    name: str
-    kind: str  # "classification" | "generative"
-    labels: tuple[str, ...]
-    verbalizers: dict[str, str]
-    instruction: str
-    input_prefix: str
-    output_prefix: str
-
-    def extract_answer(self, text: str) -> str: ...
 
 
 @dataclass
@@ -114,7 +89,7 @@ class _Piece:
 
 
 @dataclass
-class PromptBuilder(ChatTurns):
+class PromptBuilder(ChatTurns, AnswerFormat):
     """Turns (demonstrations, query) into a :class:`Prompt` with exact spans.
 
     Args:
@@ -234,86 +209,6 @@ class PromptBuilder(ChatTurns):
                 "context, config.max_position_embeddings); use fewer or shorter demonstrations"
             )
 
-    # ------------------------------------------------------------------ answers
-
-    def answer_text(self, example_or_label: ExampleLike | str) -> str:
-        """The continuation the model should emit: ``" " + verbaliser`` (plain mode with an
-        output prefix) or the bare verbaliser (chat mode). A ``str`` is a label name
-        (classification) or an answer text (generative)."""
-        if isinstance(example_or_label, str):
-            target = example_or_label
-        else:
-            target = example_or_label.target
-        if self.task.kind == "classification":
-            if target not in self.task.verbalizers:
-                raise ValueError(
-                    f"task {self.task.name!r}: target {target!r} is not a label; "
-                    f"accepted: {', '.join(self.task.labels)}"
-                )
-            word = self.task.verbalizers[target]
-        else:
-            word = target
-        word = word.strip()
-        if self.chat or not self.task.output_prefix.strip():
-            return word
-        return " " + word
-
-    def answer_ids(self, example_or_label: ExampleLike | str) -> list[int]:
-        """Token ids of :meth:`answer_text`, as they follow the query. (n_answer_tokens,)"""
-        ids = self._encode(self.answer_text(example_or_label))
-        if not ids:
-            raise ValueError(f"task {self.task.name!r}: empty answer for {example_or_label!r}")
-        return ids
-
-    def label_ids(self) -> list[list[int]]:
-        """Token ids of every verbaliser, in ``task.labels`` order (lengths may differ)."""
-        self._require_classification("label_ids")
-        return [self.answer_ids(label) for label in self.task.labels]
-
-    def answer_lead(self, examples: Sequence[ExampleLike] = ()) -> list[int]:
-        """The tokens every answer starts with: where a one-position target must *not* be read.
-
-        SmolLM2 writes ``" 42"`` as ``' ', '4', '2'``: after the query every answer of a numeric
-        task starts with the same space token, so the answer position's distribution is the same
-        for every prompt, and a loss or a logit comparison read there says nothing about the
-        demonstrations. Appending the lead to the query moves that position to the first token
-        where answers differ. The lead is the longest common prefix of the verbalisers' ids
-        (classification) or of ``examples``' answers (generative; needed then), cut one token
-        short of the shortest answer so that every answer keeps a token after it. ``[]`` for
-        verbalisers such as ``" positive"``/``" negative"``.
-        """
-        if self.task.kind == "classification":
-            answers = self.label_ids()
-        else:
-            if not examples:
-                raise ValueError(f"task {self.task.name!r} is generative: answer_lead needs examples whose "
-                                 "answers define the lead")
-            answers = [self.answer_ids(e) for e in examples]
-        lead = answers[0]
-        for ids in answers[1:]:
-            n = 0
-            while n < min(len(lead), len(ids)) and lead[n] == ids[n]:
-                n += 1
-            lead = lead[:n]
-        return list(lead[: min(len(ids) for ids in answers) - 1])
-
-    def label_index(self, example: ExampleLike) -> int:
-        """Index of the example's gold label in ``task.labels``."""
-        self._require_classification("label_index")
-        try:
-            return list(self.task.labels).index(example.target)
-        except ValueError:
-            raise ValueError(
-                f"task {self.task.name!r}: example {getattr(example, 'id', '?')!r} has target "
-                f"{example.target!r}; accepted labels: {', '.join(self.task.labels)}"
-            ) from None
-
-    def _require_classification(self, what: str) -> None:
-        if self.task.kind != "classification":
-            raise ValueError(
-                f"{what} needs a classification task; task {self.task.name!r} is {self.task.kind!r}"
-            )
-
     # ------------------------------------------------------------------ checks
 
     def validate(self, demos: Sequence[ExampleLike], query: ExampleLike | None = None) -> None:
@@ -383,9 +278,6 @@ class PromptBuilder(ChatTurns):
             raise self._not_compositional("a conversation")
 
     # ------------------------------------------------------------------ pieces
-
-    def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
     def _special_prefix(self) -> list[int]:
         """Ids the tokenizer puts before the text with ``add_special_tokens=True``."""

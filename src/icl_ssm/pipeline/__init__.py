@@ -17,6 +17,8 @@ that produced it, so a rerun skips what is already done and an interrupted run c
    hand over (:mod:`icl_ssm.select.check`);
 5. ``report`` - ``report.md``, ``report.json``, plots, ``selected.jsonl``, ``prompt.txt`` and
    ``selection.json`` (the prompt handed over, as ``icl-ssm answer`` loads it).
+
+Imports every stage below it; only the command line imports it (``tests/test_layout.py``).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from icl_ssm.pipeline.config import (
 from icl_ssm.pipeline.methods import equal_cost_stage, headroom_stage, quick_selection, search_config
 from icl_ssm.pipeline.outputs import write_outputs
 from icl_ssm.pipeline.stages import Stages, say, stage_bar, stage_key
-from icl_ssm.select.run import CALIBRATE, EVALUATED, SelectConfig, select_demonstrations
+from icl_ssm.select.config import CALIBRATE, EVALUATED, SelectConfig
+from icl_ssm.select.run import select_demonstrations
 
 __all__ = ["CALIBRATE", "DEFAULT_CALIBRATE", "DEFAULT_METHODS", "DEFAULT_SCREEN", "QUICK", "SEARCH_SCREENS",
            "RunConfig", "held_out_start", "run_pipeline", "run_splits", "say", "search_config"]

@@ -15,7 +15,7 @@ from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
 from icl_ssm.evaluate.verdict import failed_checks, fidelity_verdict
 from icl_ssm.pipeline.config import RunConfig
 from icl_ssm.pipeline.stages import Stages, say, stage_bar, stage_key
-from icl_ssm.select.run import EVALUATED
+from icl_ssm.select.config import EVALUATED
 
 
 def resolve_compressor(cfg: RunConfig, out: Path, stages: Stages) -> dict:

@@ -12,8 +12,8 @@ from icl_ssm.distill.config import DistillConfig
 from icl_ssm.evaluate.verdict import VERDICT_EVALUATORS
 from icl_ssm.lm.models import DEFAULT_MODEL
 from icl_ssm.select.base import SELECTORS
+from icl_ssm.select.config import CALIBRATE
 from icl_ssm.select.evaluators import RELIABILITY_TARGET
-from icl_ssm.select.run import CALIBRATE
 
 DEFAULT_METHODS = ("search", "affinity", "random", "bm25", "topk")
 SEARCH_SCREENS = ("auto", "compressed", "dense", "none")  # auto: compressed unless the fidelity verdict is dense

@@ -13,9 +13,10 @@ from icl_ssm.data.tasks import get_task
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.pipeline.config import RunConfig, held_out_start
 from icl_ssm.pipeline.stages import Stages, say, stage_bar, stage_key
+from icl_ssm.select.config import SelectConfig
 from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.headroom import HEADROOM_PROMPTS, MIN_RELIABILITY, can_add, measure_headroom
-from icl_ssm.select.run import SelectConfig, select_demonstrations
+from icl_ssm.select.run import select_demonstrations
 
 
 def search_config(cfg: RunConfig, base: SelectConfig, verdict: dict, selections: dict[str, dict]) -> SelectConfig:

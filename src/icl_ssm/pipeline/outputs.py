@@ -15,7 +15,7 @@ from icl_ssm.pipeline.check import preferred_pick
 from icl_ssm.pipeline.config import QUICK, RunConfig, held_out_start
 from icl_ssm.pipeline.stages import Stages
 from icl_ssm.select.check import ZERO_SHOT
-from icl_ssm.select.run import selected_rows
+from icl_ssm.select.outputs import selected_rows
 from icl_ssm.select.selected import SelectedPrompt, compressor_fidelity, pool_spec
 
 _SEARCH_KEYS = ("screen", "plan", "budget_seconds", "wall_seconds", "phases", "screened", "sources",
@@ -84,6 +84,7 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict | None, 
         "fidelity_verdict": verdict,
         "search": None if search is None else {key: search.get(key) for key in _SEARCH_KEYS},
         "headroom": headroom, "stages_made_by": Stages(out).made_by(),
+        "stage_seconds": Stages(out).seconds(),
     }
     write_report(out, report)
     return report

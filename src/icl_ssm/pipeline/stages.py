@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +25,7 @@ class Stages:
     def __init__(self, out: Path):
         self.dir = out / "stages"
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._since = time.monotonic()  # a stage's seconds: from the previous stage's end to its own
 
     def get(self, name: str, key: str) -> dict | None:
         path = self.dir / f"{name}.json"
@@ -31,24 +33,35 @@ class Stages:
             record = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             return None
-        return record["result"] if record.get("key") == key else None
+        if record.get("key") != key:
+            return None
+        self._since = time.monotonic()
+        return record["result"]
 
     def put(self, name: str, key: str, result: dict) -> dict:
-        """Store a stage's result with what made it (commit, dirty files, date, torch threads, machine)."""
-        atomic.write_json(self.dir / f"{name}.json", {"key": key, "result": result, "made_by": made_by()})
+        """Store a stage's result with what made it (commit, dirty files, date, torch threads, machine)
+        and its wall seconds: since the previous stage ended (the work between stages, a model
+        loaded say, counts to the stage after it)."""
+        seconds = time.monotonic() - self._since
+        atomic.write_json(self.dir / f"{name}.json", {"key": key, "result": result, "made_by": made_by(),
+                                                     "seconds": seconds})
+        self._since = time.monotonic()
         return result
+
+    def seconds(self) -> dict[str, float]:
+        """Each stored stage's wall seconds when it was made (stages stored before they were kept: absent)."""
+        return {name: record["seconds"] for name, record in self._records() if "seconds" in record}
 
     def made_by(self) -> dict[str, dict]:
         """Each stored stage's ``made_by`` (stages stored before it was kept: absent)."""
-        out = {}
+        return {name: record["made_by"] for name, record in self._records() if record.get("made_by")}
+
+    def _records(self) -> Iterator[tuple[str, dict]]:
         for path in sorted(self.dir.glob("*.json")):
             try:
-                record = json.loads(path.read_text())
+                yield path.stem, json.loads(path.read_text())
             except (OSError, json.JSONDecodeError):
                 continue
-            if record.get("made_by"):
-                out[path.stem] = record["made_by"]
-        return out
 
 
 def made_by() -> dict:

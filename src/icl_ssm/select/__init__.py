@@ -2,6 +2,9 @@
 (:data:`~icl_ssm.select.base.SELECTORS`), subset sampling, affinity estimators, subset
 evaluators, Algorithm 2 (:mod:`.affinity`) and one module per baseline.
 
-Importing this package registers every selector."""
+Importing this package registers every selector.
+
+Imports only ``icl_ssm.evaluate`` and the layers below it; never answering, the report, the
+pipeline or the command line (``tests/test_layout.py``)."""
 
 from icl_ssm.select import affinity, bm25, bridge, gradce, random_k, search, topk  # noqa: F401  (each module registers its selector)

@@ -87,7 +87,7 @@ class Selector:
     @classmethod
     def from_config(cls, cfg: Any, model: Any, builder: Any, compressor: Any = None,
                     progress: Callable[[int], None] | None = None) -> Selector:
-        """The selector for a run's settings ``cfg`` (a :class:`~icl_ssm.select.run.SelectConfig`),
+        """The selector for a run's settings ``cfg`` (a :class:`~icl_ssm.select.config.SelectConfig`),
         wired to ``model`` and its prompt ``builder`` (and a compressor, where one is used);
         ``progress`` is called with the number of subsets evaluated. Default: ``cls()``."""
         return cls()

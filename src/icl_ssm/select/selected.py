@@ -10,6 +10,9 @@ with the model, task and template they were chosen for, saved to and loaded from
   its ``selected.jsonl``);
 * a ``selected.jsonl`` file: with its directory's configuration files when they are there.
 
+The layout of ``selection.json`` is :mod:`~icl_ssm.select.selection_schema`'s; the older
+directories are read by :mod:`~icl_ssm.select.selected_legacy`.
+
 What it holds is what answering and exporting need, and nothing that must be recomputed:
 every demonstration's id, text, label and pool index; the model (answering with another is
 refused by name); the task, its options and the template it was formatted with (instruction,
@@ -30,51 +33,10 @@ from typing import Any
 
 from icl_ssm import atomic, schema
 from icl_ssm.calibrate import Calibration
-from icl_ssm.data.files import read_records
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import KINDS, Example, Task, get_task
 from icl_ssm.lm.models import EMBEDDED_MODELS
-
-SELECTION_FILE = "selection.json"
-FORMAT = 1  # version of selection.json's layout
-TEMPLATE_FIELDS = ("kind", "labels", "verbalizers", "instruction", "input_prefix", "output_prefix")
-
-_TEXT = {"type": "string", "minLength": 1}
-TEMPLATE_SCHEMA = schema.record({
-    "kind": {"enum": list(KINDS)}, "labels": {"type": "array", "items": schema.STRING},
-    "verbalizers": {"type": "object", "additionalProperties": schema.STRING}, "instruction": schema.STRING,
-    "input_prefix": schema.STRING, "output_prefix": schema.STRING}, closed=True)
-POOL_SCHEMA = schema.record({"size": schema.POSITIVE, "seed": schema.COUNT, "k": schema.COUNT,
-                             "min_validation": schema.COUNT, "ids_sha256": schema.STRING},
-                            required=("size", "seed"), closed=True)
-SELECTION_SCHEMA = schema.record({
-    "format": {"const": FORMAT}, "model": _TEXT, "task": _TEXT,
-    "demonstrations": {"type": "array", "items": schema.record(
-        {"id": schema.STRING, "text": schema.STRING, "label": schema.STRING,
-         "pool_index": schema.nullable(schema.COUNT)}, required=("id", "text", "label"), closed=True)},
-    "task_options": schema.OBJECT, "template": TEMPLATE_SCHEMA, "chat": schema.BOOLEAN,
-    "pool": schema.nullable(POOL_SCHEMA), "compressor": schema.nullable(_TEXT),
-    "fidelity": schema.nullable(schema.record({"verdict": schema.nullable(schema.STRING), "detail": schema.STRING,
-                                               "source": schema.nullable(schema.STRING)}, closed=True)),
-    "method": schema.nullable(schema.STRING), "calibration": schema.nullable(schema.OBJECT),
-}, required=("format", "model", "task", "demonstrations"), closed=True)
-"""``selection.json``: what :meth:`SelectedPrompt.to_dict` writes (the calibration's own fields
-are checked by :meth:`~icl_ssm.calibrate.Calibration.from_dict`)."""
-
-# the fields read from the files icl-ssm select and icl-ssm run wrote before selection.json
-_COMMON = {"model": _TEXT, "task": _TEXT, "task_options": schema.OBJECT, "pool_size": schema.POSITIVE,
-           "seed": schema.COUNT, "k": schema.POSITIVE, "queries": schema.COUNT, "confirm_queries": schema.COUNT,
-           "screen_queries": schema.COUNT, "check_size": schema.COUNT}
-SELECT_CONFIG_SCHEMA = schema.record({**_COMMON, "method": schema.STRING, "screen": schema.STRING,
-                                      "evaluator": schema.nullable(schema.STRING), "chat": schema.BOOLEAN,
-                                      "compressor": schema.nullable(_TEXT)})
-RUN_CONFIG_SCHEMA = schema.record({**_COMMON, "methods": {"type": "array", "items": schema.STRING}})
-SUMMARY_SCHEMA = schema.record({"ids": {"type": "array", "items": schema.STRING}, "indices": schema.INDICES})
-REPORT_SCHEMA = schema.record({
-    "handed_over": schema.record({"indices": schema.INDICES, "name": schema.nullable(schema.STRING)}),
-    "compressor": schema.nullable(schema.record({"compressor": schema.nullable(_TEXT)})),
-    "fidelity_verdict": schema.nullable(schema.OBJECT)})
-RECIPE_SCHEMA = schema.record({"k": schema.POSITIVE, "fidelity": schema.nullable(schema.OBJECT)})
+from icl_ssm.select.selection_schema import FORMAT, RECIPE_SCHEMA, SELECTION_FILE, SELECTION_SCHEMA, TEMPLATE_FIELDS
 
 
 @dataclass(frozen=True)
@@ -227,7 +189,8 @@ class SelectedPrompt:
 
     @staticmethod
     def from_dict(data: dict[str, Any], source: str | None = None) -> SelectedPrompt:
-        """The selection ``data`` holds (:meth:`to_dict`), checked against :data:`SELECTION_SCHEMA`."""
+        """The selection ``data`` holds (:meth:`to_dict`), checked against
+        :data:`~icl_ssm.select.selection_schema.SELECTION_SCHEMA`."""
         where = source or "the selection"
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected a JSON object, found {type(data).__name__}")
@@ -258,13 +221,15 @@ class SelectedPrompt:
         """A selection from a directory or a ``selected.jsonl`` (see the module docstring).
         ``model``, ``task`` and ``task_options`` say what a ``selected.jsonl`` with no
         configuration beside it was chosen for; they are not read otherwise."""
+        from icl_ssm.select import selected_legacy  # it builds SelectedPrompts: imported here, not at the top
+
         path = Path(path)
         if path.is_file() and path.name == SELECTION_FILE:
             path = path.parent
         if path.is_file():
             if path.suffix != ".jsonl":
                 raise ValueError(f"{path}: expected a selection directory or a selected.jsonl file")
-            return _from_jsonl(path, model, task, task_options or {})
+            return selected_legacy.from_jsonl(path, model, task, task_options or {})
         if not path.is_dir():
             raise ValueError(f"selection {str(path)!r} does not exist; expected the --out directory of icl-ssm select "
                              "or icl-ssm run, or a selected.jsonl")
@@ -272,9 +237,9 @@ class SelectedPrompt:
             file = path / SELECTION_FILE
             return SelectedPrompt.from_dict(schema.load(file, schema.OBJECT), str(file))
         if (path / "select_config.json").is_file():
-            return _from_select_dir(path)
+            return selected_legacy.from_select_dir(path)
         if (path / "run_config.json").is_file():
-            return _from_run_dir(path)
+            return selected_legacy.from_run_dir(path)
         found = ", ".join(sorted(p.name for p in path.iterdir())[:8]) or "nothing"
         raise ValueError(f"{path} is not a selection: expected {SELECTION_FILE}, or the files of icl-ssm select "
                          f"(select_config.json, summary.json, selected.jsonl) or icl-ssm run (run_config.json, "
@@ -312,7 +277,8 @@ class TemplateTask(Task):
 
 
 def task_template(task: Task) -> dict[str, Any]:
-    """The fields of ``task`` that decide how its prompts read: :data:`TEMPLATE_FIELDS`."""
+    """The fields of ``task`` that decide how its prompts read:
+    :data:`~icl_ssm.select.selection_schema.TEMPLATE_FIELDS`."""
     return {"kind": task.kind, "labels": list(task.labels), "verbalizers": dict(task.verbalizers),
             "instruction": task.instruction, "input_prefix": task.input_prefix, "output_prefix": task.output_prefix}
 
@@ -363,93 +329,3 @@ def compressor_fidelity(compressor: str | None, verdict: dict[str, Any] | None =
     return {"verdict": None, "source": str(recipe),
             "detail": f"measured when it was shipped on {measured.get('subsets')} subsets x {measured.get('queries')} "
                       f"queries: {numbers}; without intervals, so no verdict (icl-ssm run measures one)"}
-
-
-# ---------------------------------------------------------------------- directories written before selection.json
-
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for number, row in read_records(path):
-        missing = [key for key in ("id", "text", "label") if key not in row]
-        if missing:
-            raise ValueError(f"{path} line {number}: missing {', '.join(missing)}; a selected.jsonl line holds the "
-                             "id, text and label of one demonstration")
-        rows.append(row)
-    return rows
-
-
-def _demos(rows: list[dict[str, Any]], indices: Sequence[int] | None) -> list[Demonstration]:
-    if indices is not None and len(indices) != len(rows):
-        indices = None  # a summary of another pick than the one written (run's hand-over): positions unknown
-    return [Demonstration(str(r["id"]), str(r["text"]), str(r["label"]), None if indices is None else int(indices[i]))
-            for i, r in enumerate(rows)]
-
-
-def _template_of(task: str, options: dict[str, Any]) -> dict[str, Any]:
-    try:
-        return task_template(get_task(task, **options))
-    except (ValueError, OSError):
-        return {}  # the task cannot be built here: the prompt is formatted from the task when answering
-
-
-def _from_select_dir(path: Path) -> SelectedPrompt:
-    cfg = schema.load(path / "select_config.json", SELECT_CONFIG_SCHEMA)
-    if not (path / "selected.jsonl").is_file():
-        if (path / "prompts.jsonl").is_file():
-            raise ValueError(f"{path} holds a selection per test input (select --per-query), not one prompt; answer "
-                             "with --per-query bm25 (or topk) on a selection of one prompt instead")
-        raise ValueError(f"{path} has select_config.json but no selected.jsonl; the selection did not finish")
-    summary = schema.load(path / "summary.json", SUMMARY_SCHEMA) if (path / "summary.json").is_file() else {}
-    rows = _read_rows(path / "selected.jsonl")
-    ids = summary.get("ids")
-    indices = summary.get("indices") if ids == [str(r["id"]) for r in rows] else None
-    options = dict(cfg.get("task_options") or {})
-    method = cfg.get("method")
-    queries = cfg.get("queries", 0)
-    if method == "search":
-        queries = max(cfg.get("confirm_queries", 0), cfg.get("screen_queries", 0) if cfg.get("screen") != "none"
-                      else 0)
-    pool = {"size": cfg["pool_size"], "seed": cfg.get("seed", 0), "k": cfg.get("k", len(rows)),
-            "min_validation": queries} if "pool_size" in cfg else None
-    compressor = cfg.get("compressor") if _reads_compressor(cfg) else None
-    return SelectedPrompt(cfg.get("model", ""), cfg.get("task", ""), _demos(rows, indices), options,
-                          _template_of(cfg.get("task", ""), options), bool(cfg.get("chat", False)), pool, compressor,
-                          compressor_fidelity(compressor), method, source=str(path))
-
-
-def _reads_compressor(cfg: dict[str, Any]) -> bool:
-    if cfg.get("method") == "search":
-        return cfg.get("screen") == "compressed"
-    return cfg.get("method") in ("affinity", "bridge") and cfg.get("evaluator") == "compressed"
-
-
-def _from_run_dir(path: Path) -> SelectedPrompt:
-    cfg = schema.load(path / "run_config.json", RUN_CONFIG_SCHEMA)
-    if not (path / "selected.jsonl").is_file() or not (path / "report.json").is_file():
-        raise ValueError(f"{path} has run_config.json but no selected.jsonl and report.json; the run did not finish "
-                         "(rerun icl-ssm run with the same --out to continue it)")
-    report = schema.load(path / "report.json", REPORT_SCHEMA)
-    rows = _read_rows(path / "selected.jsonl")
-    handed = report.get("handed_over") or {}
-    options = dict(cfg.get("task_options") or {})
-    methods = cfg.get("methods") or ()
-    search = max(cfg.get("confirm_queries", 0), cfg.get("screen_queries", 0)) if "search" in methods else 0
-    pool = {"size": cfg["pool_size"], "seed": cfg.get("seed", 0), "k": cfg.get("k", len(rows)),
-            "min_validation": max(cfg.get("queries", 0), search) + cfg.get("check_size", 0)}
-    compressor = (report.get("compressor") or {}).get("compressor")
-    return SelectedPrompt(cfg.get("model", ""), cfg.get("task", ""), _demos(rows, handed.get("indices")), options,
-                          _template_of(cfg.get("task", ""), options), False, pool, compressor,
-                          compressor_fidelity(compressor, report.get("fidelity_verdict")), handed.get("name"),
-                          source=str(path))
-
-
-def _from_jsonl(path: Path, model: str | None, task: str | None, options: dict[str, Any]) -> SelectedPrompt:
-    folder = path.parent
-    if path.name == "selected.jsonl" and any((folder / name).is_file() for name in
-                                             (SELECTION_FILE, "select_config.json", "run_config.json")):
-        return SelectedPrompt.load(folder)
-    if not model or not task:
-        raise ValueError(f"{path}: a selected.jsonl alone does not say which model and task it was chosen for; pass "
-                         "the directory icl-ssm select or icl-ssm run wrote it into, or name them (--model, --task)")
-    return SelectedPrompt(model, task, _demos(_read_rows(path), None), dict(options), _template_of(task, options),
-                          source=str(path))

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from icl_ssm.compress.cache import exact_cache, forward_with_prefix
-from icl_ssm.distill.teacher import pool_kv
+from icl_ssm.distill.targets import pool_kv
 from icl_ssm_bench.synthetic.task import RegressionTask
 from icl_ssm_bench.synthetic.teacher import RegressionTeacher, prompt_values
 

@@ -14,8 +14,8 @@ from icl_ssm.lm.models import DEFAULT_MODEL
 from icl_ssm.pipeline import RunConfig
 from icl_ssm.provenance import provenance
 from icl_ssm.select.base import ARRANGE_ORDERS
+from icl_ssm.select.config import ORDERS
 from icl_ssm.select.estimators import ESTIMATORS
-from icl_ssm.select.run import ORDERS
 from icl_ssm_bench.calibration import METHODS as CALIBRATIONS
 from icl_ssm_bench.calibration import CalibrationHeadroomConfig, calibration_headroom, calibration_markdown
 from icl_ssm_bench.estimators import (
