@@ -24,13 +24,13 @@ from icl_ssm.evaluate.answers import (
     answer_logits,
     answer_logits_packed,
     answer_logits_ref,
-    answer_scores,
     evaluate_prefixes,
     logit_agreement,
     pad_right,
 )
 from icl_ssm.evaluate.dense_store import DenseStore, weights_digest
 from icl_ssm.evaluate.fidelity_report import fidelity_report
+from icl_ssm.evaluate.label_trie import answer_scores
 from icl_ssm.evaluate.paths import cache_paths, evaluate_paths, sample_subsets
 from icl_ssm.evaluate.stats import (
     bootstrap_spearman,

@@ -7,6 +7,7 @@ import torch
 from icl_ssm.ssm import hippo
 from icl_ssm.ssm import scan as S
 from icl_ssm.ssm.legs import legs_kernel, legs_kernel_slabs, legs_scan, legs_scan_fast, legs_scan_reference
+from icl_ssm.ssm.powers import PowerCache
 
 C = 8  # chunk used throughout, small so that every edge case is cheap
 TOL = {torch.float64: 1e-9, torch.float32: 1e-4}
@@ -108,7 +109,7 @@ def test_integer_mask_is_accepted():
 
 def test_power_cache_is_reused_and_matches():
     Abar = system()
-    cache = S.PowerCache(Abar)
+    cache = PowerCache(Abar)
     x, Bbar = data(T=5 * C)
     first = S.scan_fast(x, Bbar, cache, chunk=C)
     n_cached = len(cache._cast)
@@ -283,7 +284,7 @@ def bad_cases():
         ("paper states", lambda: S.scan(x, Bbar, Abar, impl="paper", return_states=True), "final states only"),
         ("legs bilinear fast", lambda: legs_scan(x, Bbar, method="bilinear"), "method='zoh'"),
         ("legs method", lambda: legs_scan(x, Bbar, method="foh"), "method must be one of"),
-        ("cache", lambda: S.PowerCache(torch.ones(3, 4)), "square (N, N)"),
+        ("cache", lambda: PowerCache(torch.ones(3, 4)), "square (N, N)"),
     ]
 
 
@@ -296,7 +297,7 @@ def test_bad_input_is_a_clear_value_error(name, call, message):
 
 def test_failed_call_leaves_cache_usable():
     Abar = system()
-    cache = S.PowerCache(Abar)
+    cache = PowerCache(Abar)
     x, Bbar = data(T=3 * C)
     before = S.scan_fast(x, Bbar, cache, chunk=C)
     with pytest.raises(ValueError):
@@ -306,7 +307,7 @@ def test_failed_call_leaves_cache_usable():
 
 def test_folded_weights_are_cached_only_without_gradients():
     Abar = system()
-    cache = S.PowerCache(Abar)
+    cache = PowerCache(Abar)
     x, Bbar = data(T=40)
     with torch.no_grad():
         W1 = cache.folded(Bbar, 4)

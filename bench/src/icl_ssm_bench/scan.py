@@ -20,6 +20,7 @@ import torch
 from icl_ssm.cost import flop_counter
 from icl_ssm.ssm import hippo
 from icl_ssm.ssm import scan as S
+from icl_ssm.ssm.powers import PowerCache
 
 FULL = {"T": (1024, 4096, 16384), "N": (64, 256, 512), "batch": (1, 8)}
 
@@ -107,7 +108,7 @@ def bench_scan(
         for T in Ts:
             # dt = 4/T: the state remembers the whole prompt (dt = 1 forgets all but ~5 tokens)
             Abar = hippo.discretize(A, B, 4.0 / T, "bilinear")[0].float()
-            cache = S.PowerCache(Abar)
+            cache = PowerCache(Abar)
             for batch in batches:
                 x = torch.randn(batch, T, H, generator=gen)
                 Bbar = torch.randn(N, H, generator=gen) / math.sqrt(H)

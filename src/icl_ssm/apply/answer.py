@@ -35,7 +35,8 @@ from icl_ssm.calibrate import Calibration
 from icl_ssm.compress.cache import PrefixCache, compressed_cache, exact_cache
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.data.tasks import Example, Task
-from icl_ssm.evaluate.answers import answer_logits_packed, answer_scores
+from icl_ssm.evaluate.answers import answer_logits_packed
+from icl_ssm.evaluate.label_trie import answer_scores
 from icl_ssm.lm.generation import generate_answers
 from icl_ssm.lm.prompts import Prompt, PromptBuilder
 from icl_ssm.lm.scoring import score_labels
@@ -100,7 +101,7 @@ def scores_after_prefix(model: PreTrainedModel, builder: PromptBuilder, prefix: 
 
     Single-token verbalisers: the answer-position logits of the suffixes packed after one copy
     of the prefix, ``(n, V)`` float32, and their log-softmax at the label tokens ``(n, L)``;
-    multi-token verbalisers: :func:`~icl_ssm.evaluate.answers.answer_scores` (the logits where
+    multi-token verbalisers: :func:`~icl_ssm.evaluate.label_trie.answer_scores` (the logits where
     the labels first differ). Without a prefix the suffixes are whole prompts:
     :func:`~icl_ssm.lm.scoring.score_labels`, and no logits."""
     labels = builder.label_ids()

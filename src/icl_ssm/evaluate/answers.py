@@ -1,6 +1,7 @@
 """Answer logits after a prefix cache: the batched, packed and reference paths (tested equal), the
-per-query losses and label scores read from them, and :func:`evaluate_prefixes`, which scores
-many prefixes (subsets) against many queries."""
+per-query losses and label scores read from them (multi-token labels through
+:mod:`~icl_ssm.evaluate.label_trie`), and :func:`evaluate_prefixes`, which scores many prefixes
+(subsets) against many queries."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from icl_ssm.compress.cache import PrefixCache, forward_with_prefix
 from icl_ssm.compress.packed import forward_packed
 from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
+from icl_ssm.evaluate.label_trie import answer_scores
 from icl_ssm.lm.batch import PromptLike, as_ids, pad_ids
 from icl_ssm.lm.generation import generate_answers
-from icl_ssm.lm.hf import accepts_logits_to_keep, output_cache, slot_positions, windowed_mask, with_cache
+from icl_ssm.lm.hf import accepts_logits_to_keep
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.scoring import answer_loss
 
@@ -178,70 +180,18 @@ def answer_logits_ref(
     return torch.stack(out)  # (n, V)
 
 
-def answer_scores(
-    model: PreTrainedModel,
-    builder: PromptBuilder,
-    prefixes: PrefixCache,
-    suffixes: Sequence[Sequence[int]],
-    rows: Sequence[int],
-) -> tuple[Tensor, Tensor]:
-    """Answer logits and every label's verbaliser log-likelihood, reading the query only once.
-
-    For multi-token verbalisers (modular_addition's " 0" .. " 96": ``' ', '4', '2'``). One
-    forward reads ``suffixes[i] + lead`` after prefix row ``rows[i]`` (``lead`` the tokens every
-    answer starts with, :meth:`PromptBuilder.answer_lead`) and keeps its cache; a second
-    forward then reads every node of the labels' trie at once (" 4" and " 42" share the node
-    '4'; a tree attention mask lets each node see the cache, its ancestors and itself), one
-    token a node instead of the whole query again for every label. Returns the
-    logits at the first token where answers differ ``(n, V)`` float32 and the scores
-    ``(n, n_labels)`` float32, equal to :func:`icl_ssm.lm.scoring.score_labels` (the reference).
-    """
-    if len(suffixes) != len(rows):
-        raise ValueError(f"{len(suffixes)} suffixes but {len(rows)} prefix rows; expected equal")
-    lead = builder.answer_lead()
-    rest = [ids[len(lead):] for ids in builder.label_ids()]
-    device = prefixes.mask.device
-    ids, mask = (t.to(device) for t in pad_ids([list(s) + lead for s in suffixes], side="left"))
-    sub = prefixes.select(list(rows))
-    keep = {"logits_to_keep": len(lead) + 1} if _logits_to_keep(model) else {}
-    with torch.no_grad():
-        out = forward_with_prefix(model, sub, ids, mask, **keep)
-    logp = torch.log_softmax(out.logits[:, -len(lead) - 1 :].float(), dim=-1)  # (n, lead + 1, V)
-    lead_logp = sum((logp[:, j, t] for j, t in enumerate(lead)), logp.new_zeros(len(suffixes)))  # (n,)
-    first = logp[:, -1]  # (n, V): where answers differ
-    scores = lead_logp[:, None] + first[:, [r[0] for r in rest]]  # (n, n_labels)
-    # every further token of a label is read at its node of the labels' trie: one forward of all
-    # nodes after the query's cache, each node seeing the cache, its ancestors and itself
-    nodes: dict[tuple[int, ...], int] = {}  # a label's first j remaining tokens (j >= 1) -> slot
-    for r in rest:
-        for j in range(1, len(r)):
-            nodes.setdefault(tuple(r[:j]), len(nodes))  # a parent is always entered before its children
-    if nodes:
-        n, order = len(suffixes), list(nodes)
-        extended = sub.extended(output_cache(out), mask)
-        dtype = extended.keys[0].dtype
-        low = torch.finfo(dtype).min
-        bias = torch.zeros(extended.mask.shape, dtype=dtype, device=device)
-        if extended.bias is not None:
-            bias += extended.bias.to(dtype)  # a gated compressor's virtual tokens
-        seen = torch.where(extended.mask, bias, torch.full_like(bias, low))  # (n, L)
-        sees = torch.tensor([[a[: len(b)] == b for b in order] for a in order], device=device)  # (q, q) a sees b
-        tree = torch.zeros(sees.shape, dtype=dtype, device=device).masked_fill(~sees, low)
-        q = len(order)
-        attention = torch.cat([seen[:, None].expand(n, q, -1), tree[None].expand(n, q, q)], dim=2)[:, None]
-        depth = torch.tensor([len(key) - 1 for key in order], device=device)
-        before, start = slot_positions(extended.mask, extended.positions)
-        node_positions = start[:, None] + depth[None]  # (n, q): where each node's token stands in the prompt
-        attention = windowed_mask(model, attention, node_positions, torch.cat([before, node_positions], dim=1))
-        with torch.no_grad():
-            branch = model(input_ids=torch.tensor([key[-1] for key in order], device=device)[None].expand(n, q),
-                           attention_mask=attention, position_ids=extended.next_position[:, None] + depth[None],
-                           use_cache=True, **with_cache(model, extended.to_dynamic()))
-        node_logp = torch.log_softmax(branch.logits.float(), dim=-1)  # (n, q, V)
-        for i, r in enumerate(rest):
-            for j in range(1, len(r)):
-                scores[:, i] += node_logp[:, nodes[tuple(r[:j])], r[j]]
-    return out.logits[:, -1].float(), scores
+def _validate_request(builder: PromptBuilder, queries: Sequence[Example], loss: str, query_batch: int) -> None:
+    """:func:`evaluate_prefixes`'s arguments, each refused with the accepted values."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss={loss!r}; accepted: {', '.join(LOSSES)}")
+    if not queries:
+        raise ValueError("no queries: expected at least one")
+    if query_batch < 1:
+        raise ValueError(f"query_batch={query_batch}; expected >= 1")
+    task = builder.task
+    if loss == "ce" and task.kind != "classification":
+        raise ValueError(f"loss='ce' (cross-entropy over the label set) needs a classification task; "
+                         f"task {task.name!r} is {task.kind!r}: use loss='nll'")
 
 
 def evaluate_prefixes(
@@ -261,11 +211,11 @@ def evaluate_prefixes(
 
     Classification: the label scores are the verbalisers' log-likelihoods
     (:func:`icl_ssm.lm.scoring.score_labels`; read off the answer-position logits when every
-    verbaliser is one token, and by :func:`answer_scores` when not); the prediction is their
-    argmax and the loss is the gold verbaliser's NLL (``loss="nll"``, as
-    ``answer_loss(normalize=False)``) or the cross-entropy over the label set (``"ce"``, as
-    ``answer_loss(normalize=True)``). Generative: the loss is ``answer_loss`` and the metric
-    is ``task.score`` of a greedy answer (slow).
+    verbaliser is one token, and by :func:`~icl_ssm.evaluate.label_trie.answer_scores` when
+    not); the prediction is their argmax and the loss is the gold verbaliser's NLL
+    (``loss="nll"``, as ``answer_loss(normalize=False)``) or the cross-entropy over the label
+    set (``"ce"``, as ``answer_loss(normalize=True)``). Generative: the loss is
+    ``answer_loss`` and the metric is ``task.score`` of a greedy answer (slow).
 
     Pairs are processed ``query_batch`` at a time, so memory is that many copies of a row's
     cache; ``pack=True`` reads the answer logits with :func:`answer_logits_packed` instead (the
@@ -274,26 +224,60 @@ def evaluate_prefixes(
     and ``correct`` are NaN. Returns a :class:`PrefixEval` (its ``cost`` is left for the caller to
     fill).
     """
-    if loss not in LOSSES:
-        raise ValueError(f"loss={loss!r}; accepted: {', '.join(LOSSES)}")
-    if not queries:
-        raise ValueError("no queries: expected at least one")
-    if query_batch < 1:
-        raise ValueError(f"query_batch={query_batch}; expected >= 1")
-    task = builder.task
-    classification = task.kind == "classification"
-    if loss == "ce" and not classification:
-        raise ValueError(f"loss='ce' (cross-entropy over the label set) needs a classification task; "
-                         f"task {task.name!r} is {task.kind!r}: use loss='nll'")
+    _validate_request(builder, queries, loss, query_batch)
+    classification = builder.task.kind == "classification"
     R, Q = prefixes.batch_size, len(queries)
     suffixes = [builder.build_suffix(q).input_ids for q in queries]
     lead = builder.answer_lead(queries)  # logits are compared where answers differ (see answer_lead)
-    pairs = [(r, q) for r in range(R) for q in range(Q)]  # pair r * Q + q
+    gold = torch.tensor([builder.label_index(q) if labelled else 0 for q in queries]) if classification else None
+    logits, scores, losses, correct = _answer_pairs(model, builder, prefixes, queries, suffixes, lead,
+                                                    query_batch=query_batch, keep_logits=keep_logits,
+                                                    max_new_tokens=max_new_tokens, pack=pack)
+    if classification:
+        s = torch.cat(scores).view(R, Q, -1)  # (R, Q, n_labels)
+        per_query, hits, pred = _label_outcomes(s, gold, loss, labelled)
+    else:
+        per_query = torch.cat(losses).view(R, Q)
+        hits = torch.cat(correct).float().view(R, Q)
+        pred = torch.full((R, Q), -1, dtype=torch.long)
+        s = None
+    return PrefixEval(
+        loss=per_query.float(),
+        correct=hits,
+        pred=pred,
+        prompt_length=prefixes.prompt_length.cpu(),
+        cache_length=prefixes.length,
+        logits=torch.cat(logits).view(R, Q, -1) if keep_logits else None,
+        scores=None if s is None else s.float(),
+    )
+
+
+def _answer_pairs(
+    model: PreTrainedModel,
+    builder: PromptBuilder,
+    prefixes: PrefixCache,
+    queries: Sequence[Example],
+    suffixes: Sequence[Sequence[int]],
+    lead: list[int],
+    *,
+    query_batch: int,
+    keep_logits: bool,
+    max_new_tokens: int,
+    pack: bool,
+) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]]:
+    """Every (row r, query q) pair, in the order ``r * Q + q``, ``query_batch`` pairs at a time.
+
+    Returns per batch of ``n`` pairs, on the CPU: the answer-position logits ``(n, V)`` (when
+    ``keep_logits``); classification: the label scores ``(n, n_labels)``; generative: the
+    answer losses ``(n,)`` and the metric of a greedy answer ``(n,)``.
+    """
+    classification = builder.task.kind == "classification"
+    label_tokens = None
     if classification:
         labels = builder.label_ids()
-        gold = torch.tensor([builder.label_index(q) if labelled else 0 for q in queries])  # (Q,)
         single = all(len(ids) == 1 for ids in labels)
         label_tokens = torch.tensor([ids[0] for ids in labels]) if single else None
+    pairs = [(r, q) for r in range(prefixes.batch_size) for q in range(len(queries))]
     logits, scores, losses, correct = [], [], [], []
     for start in range(0, len(pairs), query_batch):
         chunk = pairs[start : start + query_batch]
@@ -311,34 +295,40 @@ def evaluate_prefixes(
             if label_tokens is not None:
                 scores.append(z.log_softmax(-1)[:, label_tokens.to(z.device)].cpu())  # (n, n_labels)
         else:
-            sub = prefixes.select(rows)
-            examples = [queries[q] for _, q in chunk]
-            losses.append(answer_loss(model, builder, sfx, examples, prefix=sub, batch_size=query_batch).cpu())
-            answers = generate_answers(model, builder, sfx, prefix=sub, max_new_tokens=max_new_tokens,
-                                         batch_size=query_batch)
-            correct.append(torch.tensor([task.score(a, e) for a, e in zip(answers, examples, strict=True)]))
-    if classification:
-        s = torch.cat(scores).view(R, Q, -1)  # (R, Q, n_labels)
-        g = gold[None].expand(R, Q)
-        if loss == "nll":
-            per_query = -s.gather(-1, g[..., None])[..., 0]
-        else:
-            per_query = -s.log_softmax(-1).gather(-1, g[..., None])[..., 0]
-        pred = s.argmax(-1)  # (R, Q)
-        hits = (pred == g).float()
-        if not labelled:
-            per_query, hits = torch.full_like(per_query, math.nan), torch.full_like(hits, math.nan)
+            chunk_loss, chunk_correct = _graded_answers(model, builder, prefixes.select(rows), sfx,
+                                                        [queries[q] for _, q in chunk], query_batch, max_new_tokens)
+            losses.append(chunk_loss)
+            correct.append(chunk_correct)
+    return logits, scores, losses, correct
+
+
+def _graded_answers(
+    model: PreTrainedModel,
+    builder: PromptBuilder,
+    prefix: PrefixCache,
+    suffixes: Sequence[Sequence[int]],
+    examples: Sequence[Example],
+    batch_size: int,
+    max_new_tokens: int,
+) -> tuple[Tensor, Tensor]:
+    """Generative: each pair's answer loss ``(n,)`` and ``task.score`` of its greedy answer ``(n,)``."""
+    losses = answer_loss(model, builder, suffixes, examples, prefix=prefix, batch_size=batch_size).cpu()
+    answers = generate_answers(model, builder, suffixes, prefix=prefix, max_new_tokens=max_new_tokens,
+                               batch_size=batch_size)
+    return losses, torch.tensor([builder.task.score(a, e) for a, e in zip(answers, examples, strict=True)])
+
+
+def _label_outcomes(scores: Tensor, gold: Tensor, loss: str, labelled: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """From label scores ``(R, Q, n_labels)`` and the gold labels ``(Q,)``: the per-query loss,
+    the hits (NaN both when not ``labelled``) and the predicted label, each ``(R, Q)``."""
+    R, Q = scores.shape[:2]
+    g = gold[None].expand(R, Q)
+    if loss == "nll":
+        per_query = -scores.gather(-1, g[..., None])[..., 0]
     else:
-        per_query = torch.cat(losses).view(R, Q)
-        hits = torch.cat(correct).float().view(R, Q)
-        pred = torch.full((R, Q), -1, dtype=torch.long)
-        s = None
-    return PrefixEval(
-        loss=per_query.float(),
-        correct=hits,
-        pred=pred,
-        prompt_length=prefixes.prompt_length.cpu(),
-        cache_length=prefixes.length,
-        logits=torch.cat(logits).view(R, Q, -1) if keep_logits else None,
-        scores=None if s is None else s.float(),
-    )
+        per_query = -scores.log_softmax(-1).gather(-1, g[..., None])[..., 0]
+    pred = scores.argmax(-1)  # (R, Q)
+    hits = (pred == g).float()
+    if not labelled:
+        per_query, hits = torch.full_like(per_query, math.nan), torch.full_like(hits, math.nan)
+    return per_query, hits, pred

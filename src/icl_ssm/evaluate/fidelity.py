@@ -33,12 +33,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from transformers import PreTrainedModel
 
 from icl_ssm.calibrate.losses import calibrated_query_losses
-from icl_ssm.compress.compressor import load_compressor
-from icl_ssm.data.splits import split
-from icl_ssm.data.tasks import get_task
-from icl_ssm.evaluate.answers import LOSSES
+from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load_compressor
+from icl_ssm.data.splits import Splits, split
+from icl_ssm.data.tasks import Example, Task, get_task
+from icl_ssm.evaluate.answers import LOSSES, LogitAgreement, PrefixEval
 from icl_ssm.evaluate.dense_store import DenseStore
 from icl_ssm.evaluate.fidelity_report import fidelity_report
 from icl_ssm.evaluate.paths import BASELINES, cache_paths, evaluate_paths, sample_subsets
@@ -118,24 +119,9 @@ def run_fidelity(
     """
     config.validate()
     model, tokenizer = load_model(config.model, device=resolve_device(config.device))
-    compressor = load_compressor(config.compressor, model.config).to(model.device)
-    control = None
-    if config.control is not None:
-        control = load_compressor(config.control, model.config).to(model.device)
-        if not control.config.control:
-            raise ValueError(
-                f"--control {config.control!r} is not a control compressor (its config has control=False); "
-                "expected a prompt-independent compressor saved with SSMCompressorConfig(control=True)"
-            )
+    compressor, control = _load_compressors(config, model)
     task = get_task(config.task, **config.task_options)
-    splits = split(task, seed=config.seed)
-    end = config.query_offset + config.queries
-    if end > len(splits.validation):
-        raise ValueError(f"--queries {config.queries} from --query-offset {config.query_offset}: task {task.name!r} "
-                         f"has only {len(splits.validation)} validation examples; ask for at most that many in all")
-    queries = splits.validation[config.query_offset : end]  # the validation split is already shuffled
-    rng = np.random.default_rng(config.seed)
-    subsets = sample_subsets(splits.pool, config.k, config.subsets, rng)
+    splits, queries, subsets = _held_out(config, task)
     builder = PromptBuilder.for_model(model, tokenizer, task, chat=config.chat)
     prefixes = [builder.build_prefix([splits.pool[i] for i in subset]) for subset in subsets]
     also = {name: load_compressor(path, model.config).to(model.device) for name, path in config.also.items()}
@@ -151,13 +137,60 @@ def run_fidelity(
     results = evaluate_paths(model, builder, prefixes, queries, paths, loss=config.loss, batch=config.batch,
                              query_batch=config.query_batch, progress=progress, store=store)
     dense = results["dense"][0]
-    c = compressor.config
-    report: dict[str, Any] = {
+    report = _report_head(config, task.name, compressor.config, len(subsets), len(queries), dense, store)
+    labels = [builder.label_index(q) for q in queries] if task.kind == "classification" else None
+    report.update(_path_summaries(results, also, labels))
+    report["paired"] = paired_spearman(dense.loss, {name: ev.loss for name, (ev, _) in results.items()},
+                                       labels=labels)
+    # per subset (and query), so the rankings can be plotted or re-analysed without rerunning anything
+    report["per_subset"] = _per_subset(results, subsets, labels)
+    report["config"] = asdict(config)
+    return report
+
+
+def _load_compressors(config: FidelityConfig, model: PreTrainedModel) -> tuple[SSMCompressor, SSMCompressor | None]:
+    """The compressor ``config`` names and its control (None when not asked), on the model's device."""
+    compressor = load_compressor(config.compressor, model.config).to(model.device)
+    control = None
+    if config.control is not None:
+        control = load_compressor(config.control, model.config).to(model.device)
+        if not control.config.control:
+            raise ValueError(
+                f"--control {config.control!r} is not a control compressor (its config has control=False); "
+                "expected a prompt-independent compressor saved with SSMCompressorConfig(control=True)"
+            )
+    return compressor, control
+
+
+def _held_out(config: FidelityConfig, task: Task) -> tuple[Splits, Sequence[Example], list[list[int]]]:
+    """The task's splits, the queries ``config`` asks for and the held-out subsets of the pool
+    (drawn from a numpy Generator seeded with ``config.seed``)."""
+    splits = split(task, seed=config.seed)
+    end = config.query_offset + config.queries
+    if end > len(splits.validation):
+        raise ValueError(f"--queries {config.queries} from --query-offset {config.query_offset}: task {task.name!r} "
+                         f"has only {len(splits.validation)} validation examples; ask for at most that many in all")
+    queries = splits.validation[config.query_offset : end]  # the validation split is already shuffled
+    rng = np.random.default_rng(config.seed)
+    return splits, queries, sample_subsets(splits.pool, config.k, config.subsets, rng)
+
+
+def _report_head(
+    config: FidelityConfig,
+    task: str,
+    c: SSMCompressorConfig,
+    subsets: int,
+    queries: int,
+    dense: PrefixEval,
+    store: DenseStore | None,
+) -> dict[str, Any]:
+    """The report's head: what was evaluated, and the compressed cache's shape."""
+    return {
         "model": config.model,
-        "task": task.name,
+        "task": task,
         "k": config.k,
-        "subsets": len(subsets),
-        "queries": len(queries),
+        "subsets": subsets,
+        "queries": queries,
         "query_offset": config.query_offset,
         "seed": config.seed,
         "loss": config.loss,
@@ -170,22 +203,37 @@ def run_fidelity(
         "compressor_control": bool(c.control),
         "dense_reused_subsets": store.reused if store is not None else 0,  # their flops/seconds are as stored
     }
-    labels = [builder.label_index(q) for q in queries] if task.kind == "classification" else None
-    report.update(fidelity_report(dense, *results["compressed"], labels=labels))
+
+
+def _path_summaries(
+    results: dict[str, tuple[PrefixEval, LogitAgreement | None]],
+    also: dict[str, SSMCompressor],
+    labels: list[int] | None,
+) -> dict[str, Any]:
+    """Every path against the dense one: the compressed path's :func:`fidelity_report` keys as
+    they are, each comparator's under its name (``window_kl``), the other compressors' in ``also``."""
+    dense = results["dense"][0]
+    out: dict[str, Any] = fidelity_report(dense, *results["compressed"], labels=labels)
     for name in COMPARATORS:
         if name in results:
             sub = fidelity_report(dense, *results[name], labels=labels)
-            report.update({f"{name}_{new}": sub[old] for old, new in _OTHER_KEYS.items() if old in sub})
+            out.update({f"{name}_{new}": sub[old] for old, new in _OTHER_KEYS.items() if old in sub})
     if also:
-        report["also"] = {}
+        out["also"] = {}
         for name, other in also.items():
             sub = fidelity_report(dense, *results[name], labels=labels)
-            report["also"][name] = {"cache_tokens": other.config.cache_length,
-                                    **{new: sub[old] for old, new in _OTHER_KEYS.items() if old in sub}}
-    report["paired"] = paired_spearman(dense.loss, {name: ev.loss for name, (ev, _) in results.items()},
-                                       labels=labels)
-    # per subset (and query), so the rankings can be plotted or re-analysed without rerunning anything
-    report["per_subset"] = {
+            out["also"][name] = {"cache_tokens": other.config.cache_length,
+                                 **{new: sub[old] for old, new in _OTHER_KEYS.items() if old in sub}}
+    return out
+
+
+def _per_subset(
+    results: dict[str, tuple[PrefixEval, LogitAgreement | None]],
+    subsets: list[list[int]],
+    labels: list[int] | None,
+) -> dict[str, Any]:
+    """Each path's loss and metric per subset and per (subset, query), with the subsets' pool ids."""
+    out: dict[str, Any] = {
         "ids": [list(map(int, subset)) for subset in subsets],
         "loss": {name: [finite_or_none(v) for v in results[name][0].subset_loss()] for name in results},
         "acc": {name: [finite_or_none(v) for v in results[name][0].subset_acc()] for name in results},
@@ -194,11 +242,10 @@ def run_fidelity(
     }
     if labels is not None and all(ev.scores is not None for ev, _ in results.values()):
         # the same with the label lean removed (batch calibration per subset), where every path kept its scores
-        report["per_subset"]["query_loss_calibrated"] = {
+        out["query_loss_calibrated"] = {
             name: [[finite_or_none(v) for v in row] for row in calibrated_query_losses(
                 ev.scores.double().numpy(), np.asarray(labels), "batch")] for name, (ev, _) in results.items()}
-    report["config"] = asdict(config)
-    return report
+    return out
 
 
 def parse_also(items: Sequence[str] | None, flag: str = "--also") -> dict[str, str]:

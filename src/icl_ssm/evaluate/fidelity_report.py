@@ -58,13 +58,18 @@ def fidelity_report(
         if dense.logits is None or other.logits is None:
             raise ValueError("fidelity_report needs the logits of both evaluations, or a precomputed agreement")
         agreement = logit_agreement(dense.logits, other.logits)
-    S = dense.rows
-    dense_loss, other_loss = dense.subset_loss().numpy(), other.subset_loss().numpy()
-    dense_acc = dense.subset_acc()
-    both = bootstrap_spearman(dense.loss, {"other": other.loss})["other"] if S >= 3 else np.array([math.nan])
-    balanced = (bootstrap_spearman(dense.loss, {"other": other.loss}, labels=labels)["other"]
-                if S >= 3 and labels is not None else np.array([math.nan]))
-    out = {
+    out = {**_answer_agreement(dense, other, agreement), **_subset_ranking(dense, other),
+           **_cost_per_subset(dense, other)}
+    if labels is not None and dense.scores is not None and other.scores is not None:
+        out.update(calibrated_ranking(dense.scores.double().numpy(), other.scores.double().numpy(), labels))
+    if labels is not None:
+        out.update(_balanced_ranking(dense, other, labels))
+    return out
+
+
+def _answer_agreement(dense: PrefixEval, other: PrefixEval, agreement: LogitAgreement) -> dict:
+    """Per (subset, query) pair: the logits' agreement, the same predicted label, the metric."""
+    return {
         "rel_logit_err": finite_or_none(agreement.rel_err.mean()),
         "kl": finite_or_none(agreement.kl.mean()),
         "logit_mse": finite_or_none(agreement.mse.mean()),
@@ -72,6 +77,16 @@ def fidelity_report(
         "label_agree": finite_or_none((dense.pred == other.pred).float().mean()) if (dense.pred >= 0).all() else None,
         "acc_dense": finite_or_none(dense.correct.mean()),
         "acc_compressed": finite_or_none(other.correct.mean()),
+    }
+
+
+def _subset_ranking(dense: PrefixEval, other: PrefixEval) -> dict:
+    """The subsets ranked by their mean loss on both paths, and the dense ranking's spread."""
+    S = dense.rows
+    dense_loss, other_loss = dense.subset_loss().numpy(), other.subset_loss().numpy()
+    dense_acc = dense.subset_acc()
+    both = bootstrap_spearman(dense.loss, {"other": other.loss})["other"] if S >= 3 else np.array([math.nan])
+    return {
         "subset_loss_spearman": finite_or_none(spearman(dense_loss, other_loss)),
         "subset_loss_spearman_ci95": [finite_or_none(v) for v in spearman_ci(dense_loss, other_loss)],
         "subset_loss_spearman_ci95_queries": [finite_or_none(v) for v in interval(both)],
@@ -82,20 +97,31 @@ def fidelity_report(
         "dense_subset_acc_max": finite_or_none(dense_acc.max()),
         "dense_split_half_spearman": finite_or_none(split_half_spearman(dense.loss)),
         "compressed_subset_loss_mean": finite_or_none(other_loss.mean()),
+    }
+
+
+def _cost_per_subset(dense: PrefixEval, other: PrefixEval) -> dict:
+    """FLOPs and seconds per subset on both paths: building its caches and answering its queries."""
+    S = dense.rows
+    return {
         "flops_dense": dense.cost.flops / S,
         "flops_compressed": other.cost.flops / S,
         "seconds_dense": dense.cost.seconds / S,
         "seconds_compressed": other.cost.seconds / S,
     }
-    if labels is not None and dense.scores is not None and other.scores is not None:
-        out.update(calibrated_ranking(dense.scores.double().numpy(), other.scores.double().numpy(), labels))
-    if labels is not None:
-        w = label_weights(labels)
-        out["subset_loss_spearman_balanced"] = finite_or_none(spearman(dense.loss.double().numpy() @ w,
-                                                             other.loss.double().numpy() @ w))
-        out["subset_loss_spearman_balanced_ci95_queries"] = [finite_or_none(v) for v in interval(balanced)]
-        out["dense_split_half_spearman_balanced"] = finite_or_none(split_half_spearman(dense.loss, labels))
-    return out
+
+
+def _balanced_ranking(dense: PrefixEval, other: PrefixEval, labels: Sequence[int]) -> dict:
+    """The subset ranking with label-balanced subset losses (:func:`label_weights`)."""
+    balanced = (bootstrap_spearman(dense.loss, {"other": other.loss}, labels=labels)["other"]
+                if dense.rows >= 3 else np.array([math.nan]))
+    w = label_weights(labels)
+    return {
+        "subset_loss_spearman_balanced": finite_or_none(spearman(dense.loss.double().numpy() @ w,
+                                                                 other.loss.double().numpy() @ w)),
+        "subset_loss_spearman_balanced_ci95_queries": [finite_or_none(v) for v in interval(balanced)],
+        "dense_split_half_spearman_balanced": finite_or_none(split_half_spearman(dense.loss, labels)),
+    }
 
 
 def calibrated_ranking(dense_scores: np.ndarray, other_scores: np.ndarray, labels: Sequence[int]) -> dict:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 from transformers import PreTrainedModel
 
 from icl_ssm.compress.baselines import lm_infinite_cache, streaming_cache
@@ -123,12 +124,7 @@ def evaluate_paths(
     With a ``store``, the reference path's rows are read from it where present (their cost is
     the one stored with them) and stored where computed.
     """
-    if reference not in paths:
-        raise ValueError(f"reference path {reference!r} is not among the paths {', '.join(paths)}")
-    if not prefixes:
-        raise ValueError("no subsets: expected at least one prefix")
-    if batch < 1:
-        raise ValueError(f"batch={batch}; expected >= 1 subsets per batch")
+    _validate_paths(paths, reference, prefixes, batch)
     order = [reference, *(name for name in paths if name != reference)]
     pad_id = getattr(model.config.get_text_config(), "pad_token_id", None)
     pad_id = pad_id if isinstance(pad_id, int) and pad_id >= 0 else 0  # masked anyway
@@ -145,14 +141,8 @@ def evaluate_paths(
         ids, mask = ids.to(device), mask.to(device)
         ref_logits = None
         for name in order:
-            ev = store.get(rows) if store is not None and name == reference else None
-            if ev is None:
-                with torch.no_grad(), measure(device) as cost:
-                    cache = paths[name](ids, mask)
-                    ev = evaluate_prefixes(model, builder, cache, queries, loss=loss, query_batch=query_batch)
-                ev.cost = cost
-                if store is not None and name == reference:
-                    store.put(rows, ev)
+            ev = _answer_batch(model, builder, paths[name], rows, ids, mask, queries, loss=loss,
+                               query_batch=query_batch, store=store if name == reference else None)
             if name == reference:
                 ref_logits = ev.logits
             else:
@@ -164,3 +154,40 @@ def evaluate_paths(
         name: (PrefixEval.cat(evals[name]), LogitAgreement.cat(agreements[name]) if agreements[name] else None)
         for name in order
     }
+
+
+def _validate_paths(paths: dict[str, CacheBuilder], reference: str, prefixes: Sequence[PromptLike], batch: int) -> None:
+    """:func:`evaluate_paths`'s arguments, each refused with what would be accepted."""
+    if reference not in paths:
+        raise ValueError(f"reference path {reference!r} is not among the paths {', '.join(paths)}")
+    if not prefixes:
+        raise ValueError("no subsets: expected at least one prefix")
+    if batch < 1:
+        raise ValueError(f"batch={batch}; expected >= 1 subsets per batch")
+
+
+def _answer_batch(
+    model: PreTrainedModel,
+    builder: PromptBuilder,
+    build: CacheBuilder,
+    rows: Sequence[PromptLike],
+    ids: Tensor,
+    mask: Tensor,
+    queries: Sequence[Example],
+    *,
+    loss: str,
+    query_batch: int,
+    store: DenseStore | None,
+) -> PrefixEval:
+    """One batch of prefixes ``rows`` (padded: ``ids``, ``mask`` ``(B, T)`` on the model's device)
+    through one cache builder, with logits; its ``cost`` measures building the caches and
+    answering the queries. With a ``store``, read from it where present and stored where computed."""
+    ev = store.get(rows) if store is not None else None
+    if ev is None:
+        with torch.no_grad(), measure(model.device) as cost:
+            cache = build(ids, mask)
+            ev = evaluate_prefixes(model, builder, cache, queries, loss=loss, query_batch=query_batch)
+        ev.cost = cost
+        if store is not None:
+            store.put(rows, ev)
+    return ev

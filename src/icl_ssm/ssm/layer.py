@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from icl_ssm.ssm import hippo
 from icl_ssm.ssm import scan as S
 from icl_ssm.ssm.legs import legs_scan
+from icl_ssm.ssm.powers import PowerCache
 
 SYSTEMS = ("time_invariant", "scale_invariant")
 
@@ -90,7 +91,7 @@ class HiPPOSSM(nn.Module):
         self.Bbar = nn.Parameter(rand * scale[:, None].to(rand.device))
         # the frozen transition is derived from the config, built on first use (on the CPU in
         # float64, whatever device the module was created on) and never saved
-        self._cache: S.PowerCache | None = None
+        self._cache: PowerCache | None = None
         self._A: Tensor | None = None  # learn_dt: the continuous transition, rediscretised every call
 
     @property
@@ -106,12 +107,12 @@ class HiPPOSSM(nn.Module):
         """Coefficients per LegS memory, ``N / channels``."""
         return self.state_size // self.channels
 
-    def power_cache(self, device: torch.device) -> S.PowerCache:
+    def power_cache(self, device: torch.device) -> PowerCache:
         """Powers of the discrete transition on ``device``, computed once."""
         if self._cache is None or self._cache.Abar.device != torch.device(device):
             A, B = hippo.transition("legs", self.channel_size)
             Abar, _ = hippo.discretize(A, B, self.dt, self.method)
-            self._cache = S.PowerCache(Abar.to(device))
+            self._cache = PowerCache(Abar.to(device))
         return self._cache
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:

@@ -16,10 +16,10 @@ each other:
   ``s_out = A^C s_in + sum_t A^(C-1-t) u_t``, recomputing the powers in every chunk (kept
   as a comparison row in the benchmark).
 * :func:`scan_fast` - the default. Powers of the frozen ``Abar`` are computed once (in
-  float64) and cached in a :class:`PowerCache`. For the final state it folds the first
-  level of chunking into the input matrix, ``W_j = Abar^(C1-1-j) Bbar``, so that every
-  chunk of ``C1`` tokens is reduced by *one* GEMM straight from the embeddings (the same
-  shape as the bare projection ``X Bbar^T``); the chunk sums then go through a second
+  float64) and cached in a :class:`~icl_ssm.ssm.powers.PowerCache`. For the final state it
+  folds the first level of chunking into the input matrix, ``W_j = Abar^(C1-1-j) Bbar``, so
+  that every chunk of ``C1`` tokens is reduced by *one* GEMM straight from the embeddings
+  (the same shape as the bare projection ``X Bbar^T``); the chunk sums then go through a second
   chunked GEMM against the stacked powers of ``Abar^C1``, and only ``T / (C1 C2)`` small
   steps stay sequential. ``C1`` is chosen from a flop model (``C1 = 1`` is the plain
   ``U = X Bbar^T`` then chunk-GEMM scheme). All states use a chunk-parallel scan. Memory
@@ -31,13 +31,12 @@ The scale-invariant LegS scan, whose step matrices change with time, is :mod:`ic
 from __future__ import annotations
 
 import math
-import weakref
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from icl_ssm.ssm.inputs import check_chunk, finish, project, shape_of, validate
+from icl_ssm.ssm.inputs import check_chunk, finish, project, validate
+from icl_ssm.ssm.powers import PowerCache
 
 IMPLS = ("reference", "paper", "fast")
 
@@ -162,98 +161,6 @@ def scan_groups_reference(x: Tensor, Bbar: Tensor, Abar: Tensor, mask: Tensor | 
                         for g in range(Bbar.shape[0])], dim=1)
 
 
-@dataclass
-class PowerCache:
-    """Powers of a frozen ``Abar: (N, N)``, computed once in float64 and cast on demand.
-
-    ``stack(step, n, dtype, device)`` returns ``(n + 1, N, N)`` with entry j equal to
-    ``Abar^(step * j)``. Powers are built by repeated multiplication in float64, whose error
-    grows linearly in the exponent (repeated squaring amplifies it).
-    """
-
-    Abar: Tensor
-    _master: dict = field(default_factory=dict, repr=False)
-    _cast: dict = field(default_factory=dict, repr=False)
-    _folded: tuple | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        A = self.Abar
-        if not isinstance(A, Tensor) or A.ndim != 2 or A.shape[0] != A.shape[1]:
-            got = shape_of(A) if isinstance(A, Tensor) else type(A).__name__
-            raise ValueError(f"Abar must be a square (N, N) tensor, got {got}")
-        if not torch.isfinite(A).all():
-            raise ValueError("Abar has non-finite values; it must be finite")
-        self.Abar = A.detach().to(torch.float64)
-
-    @property
-    def N(self) -> int:
-        return self.Abar.shape[0]
-
-    def _power(self, k: int) -> Tensor:
-        key = ("power", k)
-        if key not in self._master:
-            out, base, e = torch.eye(self.N, dtype=torch.float64, device=self.Abar.device), self.Abar, k
-            while e:
-                if e & 1:
-                    out = out @ base
-                base, e = base @ base, e >> 1
-            self._master[key] = out
-        return self._master[key]
-
-    def stack(self, step: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-        key = (step, n, dtype, torch.device(device))
-        if key not in self._cast:
-            base = self.Abar if step == 1 else self._power(step)
-            powers = [torch.eye(self.N, dtype=torch.float64, device=base.device)]
-            for _ in range(n):
-                powers.append(base @ powers[-1])
-            self._cast[key] = torch.stack(powers).to(dtype=dtype, device=device)
-        return self._cast[key]
-
-    def reducer(self, step: int, C: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-        """``(C * N, N)`` matrix with row block j equal to ``(P^(C-1-j))^T``, ``P = Abar^step``.
-
-        A chunk ``u: (C, N)`` flattened to ``(C * N,)`` times this matrix is
-        ``sum_j P^(C-1-j) u_j``: all chunks of a sequence reduce in one GEMM.
-        """
-        key = ("reducer", step, C, dtype, torch.device(device))
-        if key not in self._cast:
-            powers = self.stack(step, C, dtype, device)
-            self._cast[key] = powers[:C].flip(0).transpose(1, 2).reshape(C * self.N, self.N)
-        return self._cast[key]
-
-    def folded(self, Bbar: Tensor, c1: int) -> Tensor:
-        """``W: (C1 * H, G * N)`` with ``W[(j, h), (g, n)] = (Abar^(C1-1-j) Bbar_g)[n, h]``.
-
-        One GEMM with it reduces a chunk of ``C1`` embeddings straight to its state
-        contribution. ``W`` depends only on frozen powers and on ``Bbar: (G, N, H)`` (or
-        ``(N, H)``); it is
-        kept for the most recent ``Bbar`` (the same tensor object, unmodified since) when no
-        gradient flows to it, as in selection, where one compressor scores many subsets.
-        """
-        key = (c1, Bbar.dtype, Bbar.device, Bbar._version)
-        cacheable = not (torch.is_grad_enabled() and Bbar.requires_grad)
-        hit = self._folded
-        if cacheable and hit is not None and hit[0] == key and hit[1]() is Bbar:
-            return hit[2]
-        Bg = Bbar if Bbar.ndim == 3 else Bbar[None]
-        G, N, H = Bg.shape
-        P = self.stack(1, c1, Bbar.dtype, Bbar.device)  # (C1+1, N, N)
-        # (C1*N, N) @ (N, G*H), then reorder to rows (j, h) and columns (g, n)
-        PB = P[:c1].flip(0).reshape(c1 * N, N) @ Bg.permute(1, 0, 2).reshape(N, G * H)
-        W = PB.view(c1, N, G, H).permute(0, 3, 2, 1).reshape(c1 * H, G * N)
-        self._folded = (key, weakref.ref(Bbar), W) if cacheable else None
-        return W
-
-    def lifter(self, C: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-        """``(N, C * N)`` matrix with column block j equal to ``(Abar^(j+1))^T``."""
-        key = ("lifter", C, dtype, torch.device(device))
-        if key not in self._cast:
-            powers = self.stack(1, C, dtype, device)
-            self._cast[key] = powers[1:].transpose(1, 2).permute(1, 0, 2).reshape(self.N, C * self.N)
-        return self._cast[key]
-
-
 def plan_fold(batch: int, T: int, H: int, N: int, G: int = 1) -> int:
     """Fold size ``C1`` for :func:`scan_fast`'s final-state path.
 
@@ -281,8 +188,8 @@ def plan_chunk(n: int) -> int:
 def _chunk_sums(u: Tensor, reducer: Tensor) -> Tensor:
     """Per-chunk contributions ``S_c = sum_j P^(C-1-j) u_{c,j}`` as one GEMM.
 
-    ``u: (B, n, C, G, N)`` and ``reducer: (C * N, N)`` (:meth:`PowerCache.reducer`) ->
-    ``(B, n, G, N)``.
+    ``u: (B, n, C, G, N)`` and ``reducer: (C * N, N)``
+    (:meth:`~icl_ssm.ssm.powers.PowerCache.reducer`) -> ``(B, n, G, N)``.
     """
     B, n, C, G, N = u.shape
     if G == 1:
@@ -319,8 +226,8 @@ def scan_fast(
 ) -> Tensor:
     """GEMM-shaped scan with cached powers; same result as :func:`scan_reference`.
 
-    ``Abar`` may be a :class:`PowerCache` (reuse it across calls: the powers are computed
-    once). ``chunk`` is the second-level chunk ``C2`` (default :func:`plan_chunk`) and the
+    ``Abar`` may be a :class:`~icl_ssm.ssm.powers.PowerCache` (reuse it across calls: the
+    powers are computed once). ``chunk`` is the second-level chunk ``C2`` (default :func:`plan_chunk`) and the
     chunk of the all-states scan (default 64); ``fold`` the first-level fold ``C1``
     (default :func:`plan_fold`).
     Returns ``(B, [G,] N)`` or ``(B, T, [G,] N)``.

@@ -15,7 +15,8 @@ import torch
 from icl_ssm.compress.cache import exact_cache
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
-from icl_ssm.evaluate.answers import answer_logits, answer_scores, pad_right
+from icl_ssm.evaluate.answers import answer_logits, pad_right
+from icl_ssm.evaluate.label_trie import answer_scores
 from icl_ssm.evaluate.paths import sample_subsets
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.scoring import score_labels
@@ -98,7 +99,7 @@ def _run_scan(args: argparse.Namespace) -> int:
 
 def _run_label_scores(args: argparse.Namespace) -> int:
     """Multi-token label scoring after prefix caches: the query read once and the labels' trie
-    in one forward (``fidelity.answer_scores``) against answer logits plus ``score_labels``,
+    in one forward (``label_trie.answer_scores``) against answer logits plus ``score_labels``,
     which re-reads the query for every branch (the path ``icl-ssm fidelity`` took before)."""
     import numpy as np
 
