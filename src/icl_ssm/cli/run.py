@@ -34,6 +34,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_target(p, model=d.model, task=d.task, k=d.k)
     p.add_argument("--out", default="icl-ssm-run", help="directory for the report and every stage's results")
     p.add_argument("--seed", type=int, default=d.seed)
+    _add_compressor_flags(p, d)
+    _add_selection_flags(p, d)
+    _add_evaluator_flags(p, d)
+    _add_check_flags(p, d)
+    p.add_argument("--fidelity-subsets", type=int, default=d.fidelity_subsets)
+    p.add_argument("--fidelity-queries", type=int, default=d.fidelity_queries)
+    p.add_argument("--batch", type=int, default=d.batch, help="subsets encoded together")
+    p.add_argument("--query-batch", type=int, default=d.query_batch, help="(subset, query) pairs answered together")
+    p.set_defaults(func=_main)
+
+
+def _add_compressor_flags(p: argparse.ArgumentParser, d: RunConfig) -> None:
+    """The compressor a run uses, or distils first, and the shape it distils."""
     p.add_argument("--compressor", default=d.compressor, help="a trained compressor directory to use")
     p.add_argument("--control", default=d.control, help="a control compressor directory for the fidelity table")
     p.add_argument("--distill", action="store_true",
@@ -46,6 +59,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help="compressor shape when distilling")
     p.add_argument("--gate", action=argparse.BooleanOptionalAction, default=d.gate,
                    help="when distilling: gated virtual tokens beside the exact recent tokens")
+
+
+def _add_selection_flags(p: argparse.ArgumentParser, d: RunConfig) -> None:
+    """The candidate pool, the selection methods and their budgets, and the test evaluation."""
     p.add_argument("--pool-size", type=int, default=d.pool_size, help="candidates to select from")
     add_budget_flags(p, d)
     add_search_flags(p, d, SEARCH_SCREENS)
@@ -63,6 +80,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--order", default=d.order, choices=ORDERS,
                    help="prompt order of every method's chosen demonstrations (select --order)")
     p.add_argument("--methods", nargs="+", default=list(d.methods), help="selection methods to compare")
+
+
+def _add_evaluator_flags(p: argparse.ArgumentParser, d: RunConfig) -> None:
+    """Which caches affinity scores subsets on, and the fidelity verdict that decides it."""
     p.add_argument("--dense-evaluator", action=argparse.BooleanOptionalAction, default=d.dense_evaluator,
                    help="also run affinity on dense caches")
     p.add_argument("--equal-cost", action=argparse.BooleanOptionalAction, default=d.equal_cost,
@@ -73,6 +94,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "check (then dense, with the reason in the report)")
     p.add_argument("--max-accuracy-drop", type=float, default=d.max_accuracy_drop,
                    help="fidelity verdict: accuracy the compressed caches may lose to the dense prompt")
+
+
+def _add_check_flags(p: argparse.ArgumentParser, d: RunConfig) -> None:
+    """The check before a prompt is handed over, and the calibration chosen with it."""
     p.add_argument("--check-size", type=int, default=d.check_size,
                    help="held-out validation examples every method's pick, zero-shot and the random prompts are "
                         "checked on before a prompt is handed over")
@@ -89,8 +114,3 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "calibrated random prompt at once)")
     p.add_argument("--keep-selection", action="store_true",
                    help="hand over the search's (else affinity's) pick even when another checked prompt beats it")
-    p.add_argument("--fidelity-subsets", type=int, default=d.fidelity_subsets)
-    p.add_argument("--fidelity-queries", type=int, default=d.fidelity_queries)
-    p.add_argument("--batch", type=int, default=d.batch, help="subsets encoded together")
-    p.add_argument("--query-batch", type=int, default=d.query_batch, help="(subset, query) pairs answered together")
-    p.set_defaults(func=_main)

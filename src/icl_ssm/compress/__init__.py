@@ -2,8 +2,9 @@
 compressors shipped with the package (:mod:`.pretrained`), the prefix caches it and the dense
 prompt produce (:mod:`.cache`, every contact with the transformers Cache API beside
 :mod:`icl_ssm.lm.hf`), many short suffixes read after one prefix row (:mod:`.packed`), the
-same-size long-context baselines (:mod:`.baselines`) and generation after a prefix
-(:mod:`.generate`).
+same-size long-context baselines (:mod:`.baselines`), generation after a prefix
+(:mod:`.generate`) and one query answered from a compressed cache beside the dense prompt
+(:mod:`.side_by_side`).
 
 Imports only ``icl_ssm.ssm`` and the layers below it (``calibrate``, ``lm``, ``data`` and the
 top-level helpers); never distillation, evaluation, selection or the command line

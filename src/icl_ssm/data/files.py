@@ -21,6 +21,16 @@ def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     """
     path = Path(path)
     suffix = path.suffix.lower()
+    text = _read_text(path, suffix)
+    records = _jsonl_records(path, text) if suffix == ".jsonl" else _table_records(path, text, suffix)
+    if not records:
+        raise ValueError(f"{path}: no examples found (only blank lines or a header)")
+    return records
+
+
+def _read_text(path: Path, suffix: str) -> str:
+    """The text of a user file with an accepted ``suffix``, without a byte-order mark; refused
+    when it is not a file, not UTF-8 (naming the line and column) or blank."""
     if suffix not in USER_FILE_SUFFIXES:
         raise ValueError(f"{path}: unsupported file type {suffix!r}; accepted: {USER_FILE_SUFFIXES}")
     if path.is_dir():
@@ -40,48 +50,62 @@ def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     text = text.removeprefix("\ufeff")
     if not text.strip():
         raise ValueError(f"{path}: the file is empty; expected one example per line")
+    return text
+
+
+def _jsonl_records(path: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line of a JSON Lines text."""
     records: list[tuple[int, dict[str, Any]]] = []
-    if suffix == ".jsonl":
-        for number, line in enumerate(text.split("\n"), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path} line {number}: not valid JSON ({err.msg} at column {err.colno})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path} line {number}: expected a JSON object, got {type(record).__name__}")
-            records.append((number, record))
-    else:
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if suffix == ".tsv" else ",")
-        header = next(reader, None)
-        if not header:
-            raise ValueError(f"{path}: the file is empty; expected a header line")
-        twice = sorted({name for name in header if header.count(name) > 1})
-        if twice:
-            raise ValueError(f"{path} line 1: column {', '.join(map(repr, twice))} appears more than once in the "
-                             f"header ({', '.join(header)}); expected each column once")
-        other = ";" if suffix == ".csv" else ","
-        if len(header) == 1 and other in header[0]:
-            raise ValueError(f"{path} line 1: the header {header[0]!r} is one column; the file looks "
-                             f"{'semicolon' if other == ';' else 'comma'}-separated, but a {suffix} file is read "
-                             f"{'comma' if suffix == '.csv' else 'tab'}-separated: save it with "
-                             f"{'commas' if suffix == '.csv' else 'tabs'}"
-                             + (" or name it .tsv after replacing ';' with tabs" if other == ";" else ""))
-        start = reader.line_num + 1
-        for row in _rows(reader, path):
-            if not any(cell.strip() for cell in row):
-                start = reader.line_num + 1
-                continue
-            if len(row) != len(header):
-                raise ValueError(
-                    f"{path} line {start}: {len(row)} fields, but the header has {len(header)} ({', '.join(header)})"
-                )
-            records.append((start, dict(zip(header, row, strict=True))))
-            start = reader.line_num + 1
-    if not records:
-        raise ValueError(f"{path}: no examples found (only blank lines or a header)")
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} line {number}: not valid JSON ({err.msg} at column {err.colno})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path} line {number}: expected a JSON object, got {type(record).__name__}")
+        records.append((number, record))
     return records
+
+
+def _table_records(path: Path, text: str, suffix: str) -> list[tuple[int, dict[str, Any]]]:
+    """(first line number, {column: cell}) for each non-blank row of a CSV (``.csv``) or TSV
+    (``.tsv``) text after its header; a row may span lines (a quoted newline)."""
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if suffix == ".tsv" else ",")
+    header = next(reader, None)
+    if not header:
+        raise ValueError(f"{path}: the file is empty; expected a header line")
+    _check_header(path, header, suffix)
+    records: list[tuple[int, dict[str, Any]]] = []
+    start = reader.line_num + 1
+    for row in _rows(reader, path):
+        if not any(cell.strip() for cell in row):
+            start = reader.line_num + 1
+            continue
+        if len(row) != len(header):
+            raise ValueError(
+                f"{path} line {start}: {len(row)} fields, but the header has {len(header)} ({', '.join(header)})"
+            )
+        records.append((start, dict(zip(header, row, strict=True))))
+        start = reader.line_num + 1
+    return records
+
+
+def _check_header(path: Path, header: list[str], suffix: str) -> None:
+    """Refuse a header that names a column twice, or one column that looks like a row written
+    with another separator than ``suffix`` is read with."""
+    twice = sorted({name for name in header if header.count(name) > 1})
+    if twice:
+        raise ValueError(f"{path} line 1: column {', '.join(map(repr, twice))} appears more than once in the "
+                         f"header ({', '.join(header)}); expected each column once")
+    other = ";" if suffix == ".csv" else ","
+    if len(header) == 1 and other in header[0]:
+        raise ValueError(f"{path} line 1: the header {header[0]!r} is one column; the file looks "
+                         f"{'semicolon' if other == ';' else 'comma'}-separated, but a {suffix} file is read "
+                         f"{'comma' if suffix == '.csv' else 'tab'}-separated: save it with "
+                         f"{'commas' if suffix == '.csv' else 'tabs'}"
+                         + (" or name it .tsv after replacing ';' with tabs" if other == ";" else ""))
 
 
 def _rows(reader: Any, path: Path) -> Iterable[list[str]]:

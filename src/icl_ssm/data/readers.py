@@ -40,17 +40,7 @@ class UserFileTask(Task):
     output_prefix: str = "Output: "
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"user file task: kind={self.kind!r}; accepted: {', '.join(KINDS)}")
-        if self.target_field is not None:
-            self.label_field = self.target_field
-        if isinstance(self.labels, str | int):  # "neg,pos" from the command line
-            self.labels = tuple(s.strip() for s in str(self.labels).split(",") if s.strip())
-        elif self.labels is not None:
-            self.labels = tuple(str(label) for label in self.labels)
-        if self.kind == "generative" and self.labels:
-            raise ValueError("user file task: labels= only applies to kind='classification'")
-        self.skip_empty = validate_flag(self.skip_empty, "skip_empty")
+        self._check_options()
         self.skipped: dict[str, list[int]] = {}  # what was empty -> line numbers of the rows skipped
         self.repeated: list[tuple[int, int, bool]] = []  # (line, line of the first row, same label?)
         if self.path is None:  # a placeholder (e.g. for `data list`): no data yet
@@ -62,7 +52,35 @@ class UserFileTask(Task):
         if not self.instruction:
             self.instruction = "Classify the input." if self.kind == "classification" else "Answer the input."
         given = tuple(self.labels) if self.labels else None
-        rows = []
+        rows = self._read_rows(given)
+        if self.kind == "classification":
+            self.labels = given or tuple(sorted({ex.target for ex in rows}))
+            self.verbalizers = {label: label for label in self.labels}
+        else:
+            self.labels = ()
+            self.verbalizers = {}
+        self.__dict__["_examples"] = tuple(rows)  # validated eagerly; served by examples()
+
+    def _check_options(self) -> None:
+        """Options as the command line may give them (``labels="neg,pos"``, ``skip_empty="true"``)
+        made typed, and refused where they contradict ``kind``."""
+        if self.kind not in KINDS:
+            raise ValueError(f"user file task: kind={self.kind!r}; accepted: {', '.join(KINDS)}")
+        if self.target_field is not None:
+            self.label_field = self.target_field
+        if isinstance(self.labels, str | int):  # "neg,pos" from the command line
+            self.labels = tuple(s.strip() for s in str(self.labels).split(",") if s.strip())
+        elif self.labels is not None:
+            self.labels = tuple(str(label) for label in self.labels)
+        if self.kind == "generative" and self.labels:
+            raise ValueError("user file task: labels= only applies to kind='classification'")
+        self.skip_empty = validate_flag(self.skip_empty, "skip_empty")
+
+    def _read_rows(self, given: tuple[str, ...] | None) -> list[Example]:
+        """The file's rows as examples, in file order; the rows skipped (``skip_empty``) go to
+        :attr:`skipped` and those whose text repeats an earlier row's to :attr:`repeated`.
+        ``given``: the labels given, which every classification row's label must be one of."""
+        rows: list[Example] = []
         ids: dict[str, int] = {}
         first: dict[str, tuple[int, str]] = {}  # normalised text -> (line, label) of its first row
         target_name = "label" if self.kind == "classification" else "answer"
@@ -97,13 +115,7 @@ class UserFileTask(Task):
                 f"{self.path}: all {skipped} rows have an empty text or {target_name} (fields "
                 f"{self.input_field!r} and {self.label_field!r}); pass input_field= / label_field= to read other fields"
             )
-        if self.kind == "classification":
-            self.labels = given or tuple(sorted({ex.target for ex in rows}))
-            self.verbalizers = {label: label for label in self.labels}
-        else:
-            self.labels = ()
-            self.verbalizers = {}
-        self.__dict__["_examples"] = tuple(rows)  # validated eagerly; served by examples()
+        return rows
 
     def size_hint(self) -> int | None:
         return len(self.examples()) if self.path is not None else None

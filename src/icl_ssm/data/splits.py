@@ -77,45 +77,64 @@ def fit_split_sizes(
     default_val = max(1, min(MAX_VALIDATION, n // VALIDATION_SHARE))
     default_test = max(1, min(MAX_TEST, n // TEST_SHARE))
     val_asked = default_val if validation_size is None else positive_int(validation_size, "val_size", 0)
-    val_want = max(val_asked, positive_int(min_validation, "min_validation", 0))
-    test_want = default_test if test_size is None else positive_int(test_size, "test_size", 0)
-    pool_want = min(pool_size, max(0, n - default_val - default_test))  # the pool's default share
+    want = SplitSizes(
+        pool=min(pool_size, max(0, n - default_val - default_test)),  # the pool's default share
+        validation=max(val_asked, positive_int(min_validation, "min_validation", 0)),
+        test=default_test if test_size is None else positive_int(test_size, "test_size", 0),
+    )
     pool_floor = min(pool_minimum(k), pool_size)
-    floors = (min(1, val_want), min(1, test_want))
-    shrunk = pool_want + val_want + test_want > n or pool_want < pool_floor
-    if shrunk:
-        if n - pool_floor < sum(floors):
-            raise ValueError(
-                f"{name}: {n} distinct examples, too few to split for k={k}: at least {pool_floor + sum(floors)} "
-                f"are needed (a pool of {pool_floor} = k + {pool_floor - k} to choose from, "
-                f"{floors[0]} validation and {floors[1]} test example); add examples or lower k"
-            )
-        pool = max(pool_floor, _quotas(n, [pool_want, val_want, test_want])[0])
-        rest = n - pool
-        val, test = _quotas(rest, [val_want, test_want])
-        if val < floors[0]:
-            val, test = floors[0], rest - floors[0]
-        if test < floors[1]:
-            val, test = rest - floors[1], floors[1]
-    else:
-        val, test = val_want, test_want
+    shrunk = sum(want) > n or want.pool < pool_floor
+    pool, val, test = _shrink(n, want, pool_floor, k=k, name=name) if shrunk else want
     sizes = SplitSizes(pool=min(pool_size, n - val - test), validation=val, test=test)
-    raised = val_want > val_asked
+    raised = want.validation > val_asked
     if not shrunk and not raised and sizes.pool == pool_size:
         return sizes, None
-    used = f"pool {sizes.pool}, validation {val}, test {test}"
+    asked = want._replace(pool=pool_size)
     queries = f" to serve {min_validation} queries" if raised else ""
     if shrunk:
         kept = (f", keeping a pool of {pool_floor} (k={k} + {pool_floor - k}) to choose from"
                 if pool == pool_floor else "")
-        return sizes, (f"{name}: {n} distinct examples, too few for the splits asked (pool {pool_size}, validation "
-                       f"{val_want}{queries}, test {test_want}); using {used}: shrunk in proportion{kept}")
+        return sizes, _fit_note(name, n, sizes, asked, queries=queries, shrunk=f"shrunk in proportion{kept}")
     why = []
     if raised:
         why.append(f"validation raised from {'the default ' if validation_size is None else ''}{val_asked}{queries}")
     if sizes.pool < pool_size:
         why.append(f"pool {sizes.pool} of the {pool_size} asked")
-    return sizes, f"{name}: {n} distinct examples; using {used}: {', '.join(why)}"
+    return sizes, _fit_note(name, n, sizes, asked, why=", ".join(why))
+
+
+def _shrink(n: int, want: SplitSizes, pool_floor: int, *, k: int, name: str) -> SplitSizes:
+    """``want`` shrunk in proportion to fit ``n`` examples: the pool kept at ``pool_floor`` or
+    more (before :func:`fit_split_sizes` caps it at the pool asked), the validation and test
+    splits at 1 or more unless 0 was wanted. Raises ValueError, naming ``name``, when these
+    minimums do not fit in ``n``."""
+    floors = (min(1, want.validation), min(1, want.test))
+    if n - pool_floor < sum(floors):
+        raise ValueError(
+            f"{name}: {n} distinct examples, too few to split for k={k}: at least {pool_floor + sum(floors)} "
+            f"are needed (a pool of {pool_floor} = k + {pool_floor - k} to choose from, "
+            f"{floors[0]} validation and {floors[1]} test example); add examples or lower k"
+        )
+    pool = max(pool_floor, _quotas(n, list(want))[0])
+    rest = n - pool
+    val, test = _quotas(rest, [want.validation, want.test])
+    if val < floors[0]:
+        val, test = floors[0], rest - floors[0]
+    if test < floors[1]:
+        val, test = rest - floors[1], floors[1]
+    return SplitSizes(pool=pool, validation=val, test=test)
+
+
+def _fit_note(name: str, n: int, sizes: SplitSizes, asked: SplitSizes, *, queries: str = "",
+              shrunk: str | None = None, why: str = "") -> str:
+    """The line :func:`fit_split_sizes` returns beside ``sizes``: with ``shrunk`` (how), what was
+    ``asked`` (the pool asked, the validation and test splits wanted, ``queries`` saying why the
+    validation was raised); else ``why`` the sizes used are not the ones asked."""
+    used = f"pool {sizes.pool}, validation {sizes.validation}, test {sizes.test}"
+    if shrunk is not None:
+        return (f"{name}: {n} distinct examples, too few for the splits asked (pool {asked.pool}, validation "
+                f"{asked.validation}{queries}, test {asked.test}); using {used}: {shrunk}")
+    return f"{name}: {n} distinct examples; using {used}: {why}"
 
 
 def dedupe(examples: Iterable[Example]) -> list[Example]:
@@ -176,14 +195,7 @@ def split(
     :attr:`Splits.note` says what changed. Where the asked sizes fit, the splits are the
     same as without ``fit``.
     """
-    if isinstance(task_or_examples, Task):
-        examples = task_or_examples.examples()
-        group = group or task_or_examples.group
-        name = task_or_examples.name or "the task"
-    else:
-        examples = list(task_or_examples)
-        name = "the examples"
-    group = group or (lambda ex: "")
+    examples, group, name = _examples_to_split(task_or_examples, group)
     rows = len(examples)
     examples = dedupe(examples)
     n = len(examples)
@@ -202,27 +214,51 @@ def split(
     pool_size = positive_int(pool_size, "pool_size", 0)
     if test_size + val_size > n:
         raise ValueError(f"split: test_size={test_size} + val_size={val_size} exceeds the {n} distinct examples")
-    rng = np.random.default_rng(seed)
-    rank = np.empty(n, dtype=np.int64)
-    rank[rng.permutation(n)] = np.arange(n)  # rank[i]: position of example i in a shuffle
-    members: dict[str, list[int]] = {}
-    for i, ex in enumerate(examples):
-        members.setdefault(group(ex), []).append(i)
-    names = sorted(members)
-    queues = [sorted(members[g], key=lambda i: rank[i]) for g in names]
-    chosen: dict[str, list[int]] = {}
-    for part, size in (("test", test_size), ("validation", val_size), ("pool", pool_size)):
-        picked: list[int] = []
-        for q, take in zip(queues, _quotas(size, [len(q) for q in queues]), strict=True):
-            picked += q[:take]
-            del q[:take]
-        chosen[part] = sorted(picked, key=lambda i: rank[i])
+    chosen = _draw(examples, group, {"test": test_size, "validation": val_size, "pool": pool_size}, seed)
     return Splits(
         pool=[examples[i] for i in chosen["pool"]],
         validation=[examples[i] for i in chosen["validation"]],
         test=[examples[i] for i in chosen["test"]],
         note=note,
     )
+
+
+def _examples_to_split(
+    task_or_examples: Task | Sequence[Example], group: Callable[[Example], str] | None
+) -> tuple[list[Example], Callable[[Example], str], str]:
+    """``(examples, group, name)``: a task's examples, its :meth:`Task.group` unless ``group``
+    is given, and its name for errors; plain examples form one group unless ``group`` is given."""
+    if isinstance(task_or_examples, Task):
+        examples = task_or_examples.examples()
+        group = group or task_or_examples.group
+        name = task_or_examples.name or "the task"
+    else:
+        examples = list(task_or_examples)
+        name = "the examples"
+    return examples, group or (lambda ex: ""), name
+
+
+def _draw(
+    examples: Sequence[Example], group: Callable[[Example], str], sizes: dict[str, int], seed: int
+) -> dict[str, list[int]]:
+    """Indices into ``examples`` for each split of ``sizes``, drawn in its order, each group
+    contributing in proportion to what it has left; each split in the order of one seeded shuffle."""
+    n = len(examples)
+    rng = np.random.default_rng(seed)
+    rank = np.empty(n, dtype=np.int64)
+    rank[rng.permutation(n)] = np.arange(n)  # rank[i]: position of example i in a shuffle
+    members: dict[str, list[int]] = {}
+    for i, ex in enumerate(examples):
+        members.setdefault(group(ex), []).append(i)
+    queues = [sorted(members[g], key=lambda i: rank[i]) for g in sorted(members)]
+    chosen: dict[str, list[int]] = {}
+    for part, size in sizes.items():
+        picked: list[int] = []
+        for q, take in zip(queues, _quotas(size, [len(q) for q in queues]), strict=True):
+            picked += q[:take]
+            del q[:take]
+        chosen[part] = sorted(picked, key=lambda i: rank[i])
+    return chosen
 
 
 def label_warning(

@@ -32,11 +32,6 @@ def validate_supported(model_or_config: PreTrainedModel | PretrainedConfig) -> N
     outside :data:`SERVED_LAYER_TYPES`), stateful (recurrent) models, and models without a
     language-model head.
     """
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-    )
-
     is_model = isinstance(model_or_config, torch.nn.Module)
     config = model_or_config.config if is_model else model_or_config
     if not isinstance(config, PretrainedConfig):
@@ -44,50 +39,71 @@ def validate_supported(model_or_config: PreTrainedModel | PretrainedConfig) -> N
             f"validate_supported expects a PreTrainedModel or a PretrainedConfig, "
             f"got {type(model_or_config).__name__}"
         )
+    reason = _kind_refusal(config)
+    if reason is None:
+        text = config.get_text_config()
+        reason = _layers_refusal(text) or _cache_refusal(model_or_config, config, text)
+    if reason is not None:
+        model_type = getattr(config, "model_type", "") or ""
+        raise UnsupportedModelError(f"model type {model_type!r} is not supported: {reason}. {SERVED}")
+
+
+def _kind_refusal(config: PretrainedConfig) -> str | None:
+    """Why the model is not a decoder-only causal LM (encoder-decoder, no causal-LM class, a
+    bidirectional encoder), or None."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
     model_type = getattr(config, "model_type", "") or ""
-    what = f"model type {model_type!r}"
-
-    def refuse(reason: str) -> UnsupportedModelError:
-        return UnsupportedModelError(f"{what} is not supported: {reason}. {SERVED}")
-
     if getattr(config, "is_encoder_decoder", False):
-        raise refuse("it is an encoder-decoder model (config.is_encoder_decoder=True)")
+        return "it is an encoder-decoder model (config.is_encoder_decoder=True)"
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise refuse("it is not a causal language model (no AutoModelForCausalLM class)")
+        return "it is not a causal language model (no AutoModelForCausalLM class)"
     if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
-        raise refuse("it is a bidirectional encoder (config.is_decoder is not set)")
+        return "it is a bidirectional encoder (config.is_decoder is not set)"
+    return None
 
-    text = config.get_text_config()
+
+def _layers_refusal(text: PretrainedConfig) -> str | None:
+    """Why the layers of the text config ``text`` are not all full or sliding-window attention
+    over a KV cache (another layer type, sliding layers without a window, chunked attention), or None."""
     layer_types = getattr(text, "layer_types", None)
     if layer_types is not None:
         other = sorted({t for t in layer_types if t not in SERVED_LAYER_TYPES})
         if other:
             positions = [i for i, t in enumerate(layer_types) if t not in SERVED_LAYER_TYPES]
             shown = ", ".join(map(str, positions[:8])) + (", ..." if len(positions) > 8 else "")
-            raise refuse(
+            return (
                 f"{len(positions)} of {len(layer_types)} layers ({shown}) have attention type "
                 f"{other} (config.layer_types); "
                 f"served: {', '.join(repr(t) for t in SERVED_LAYER_TYPES)}"
             )
         if "sliding_attention" in layer_types and not getattr(text, "sliding_window", None):
-            raise refuse("config.layer_types has sliding layers but config.sliding_window is not set")
+            return "config.layer_types has sliding layers but config.sliding_window is not set"
     for attr in ("attention_chunk_size", "chunk_size_feed_forward_attention"):
         if getattr(text, attr, None):
-            raise refuse(f"it uses chunked attention (config.{attr}={getattr(text, attr)})")
+            return f"it uses chunked attention (config.{attr}={getattr(text, attr)})"
+    return None
 
+
+def _cache_refusal(
+    model_or_config: PreTrainedModel | PretrainedConfig, config: PretrainedConfig, text: PretrainedConfig
+) -> str | None:
+    """Why the model has no standard KV cache (a stateful model, no ``use_cache``) or, for a
+    model, no language-model head; else None."""
+    is_model = isinstance(model_or_config, torch.nn.Module)
     cls = type(model_or_config) if is_model else _causal_lm_class(config)
     if cls is not None and getattr(cls, "_is_stateful", False):
-        raise refuse("it is a stateful (recurrent) model without a standard KV cache")
+        return "it is a stateful (recurrent) model without a standard KV cache"
     if not hasattr(text, "use_cache"):
-        raise refuse("it has no KV cache (its config has no use_cache)")
-    if is_model:
-        if not hasattr(model_or_config, "get_output_embeddings") or (
-            model_or_config.get_output_embeddings() is None
-        ):
-            raise refuse(
-                f"{type(model_or_config).__name__} has no language-model head; "
-                "load it with AutoModelForCausalLM"
-            )
+        return "it has no KV cache (its config has no use_cache)"
+    if is_model and (
+        not hasattr(model_or_config, "get_output_embeddings") or model_or_config.get_output_embeddings() is None
+    ):
+        return f"{type(model_or_config).__name__} has no language-model head; load it with AutoModelForCausalLM"
+    return None
 
 
 def _causal_lm_class(config: PretrainedConfig) -> type | None:
