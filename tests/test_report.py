@@ -8,7 +8,8 @@ import pytest
 from matplotlib.figure import Figure
 
 from icl_ssm.report.figures import HANDED, _accuracy_fig, _cost_fig
-from icl_ssm.report.markdown import _markdown, check_lines, search_lines, verdict_lines
+from icl_ssm.report.markdown import _markdown, check_lines, verdict_lines
+from icl_ssm.report.search import search_lines
 from icl_ssm.report.values import _methods, format_flops
 from icl_ssm.report.write import write_report
 

@@ -47,6 +47,47 @@ def preferred_pick(selections: dict[str, dict]) -> str:
     return next((m for m in ("search", QUICK, "affinity") if m in selections), next(iter(selections)))
 
 
+def random_test_accuracies(cfg: RunConfig, randoms: list[dict], model, builder: PromptBuilder, pool, test,
+                           calibrate: bool) -> None:
+    """Each random prompt's ``test_accuracy`` on ``test`` (the spread a user meets without
+    selection), raw; with ``calibrate`` also its ``calibrated_test_accuracy``, batch-calibrated on
+    the test inputs (what calibrating a random prompt gives). ``randoms``: the check's rows, updated."""
+    for row in randoms:
+        demos = [pool[i] for i in row["indices"]]
+        if calibrate:
+            scored = evaluate_calibrated(model, builder, demos, test, query_batch=cfg.query_batch)
+            row["test_accuracy"], row["calibrated_test_accuracy"] = scored["raw_accuracy"], scored["accuracy"]
+        else:
+            row["test_accuracy"] = evaluate_selection(model, builder, demos, test,
+                                                      query_batch=cfg.query_batch)["accuracy"]
+
+
+def calibrated_hand_over(cfg: RunConfig, handed: dict, calibrations: dict, model, builder: PromptBuilder, pool, test,
+                         read, labels) -> None:
+    """The handed-over prompt's ``calibration`` and its ``test_accuracy`` as handed over (with that
+    calibration) and raw (``raw_test_accuracy``), into ``handed``: a pick keeps its own calibration
+    (``calibrations``); a calibrated random prompt or zero-shot is batch-calibrated on ``read``, the
+    inputs selection read."""
+    name = handed["name"]
+    chosen = calibrations.get(name)
+    if name.startswith(CALIBRATED):  # a calibrated random prompt or zero-shot: its bias on the inputs read
+        chosen = calibrate_prompt(model, builder, [pool[i] for i in handed["indices"]], "batch", read)
+    handed["calibration"] = None if chosen is None else chosen.to_dict()
+    scored = evaluate_calibrated(model, builder, [pool[i] for i in handed["indices"]], test,
+                                 chosen or no_calibration(labels), query_batch=cfg.query_batch)
+    handed["test_accuracy"], handed["raw_test_accuracy"] = scored["accuracy"], scored["raw_accuracy"]
+
+
+def raw_test_accuracy(name: str, selections: dict[str, dict], zero: float, randoms: list[dict]) -> float:
+    """The test accuracy of the prompt handed over raw, as measured before: its method's, zero-shot's
+    (``zero``) or its random prompt's (``random-i``: ``randoms[i]``)."""
+    if name in selections:
+        return selections[name]["test_accuracy"]
+    if name == ZERO_SHOT:
+        return zero
+    return randoms[int(name.split("-")[1])]["test_accuracy"]
+
+
 def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], splits: Splits, model,
                 tokenizer) -> dict:
     """Every method's pick, zero-shot and ``cfg.random_prompts`` random prompts (drawn under the
@@ -86,31 +127,13 @@ def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], spl
                            query_batch=cfg.query_batch, labels=labels, order=cfg.order, calibrations=calibrations,
                            calibrated_alternatives=calibrate)
     handed = hand_over(result, preferred, keep=cfg.keep_selection)
-    for row in result["random"]:  # the spread a user meets without selection, on the test split
-        demos = [splits.pool[i] for i in row["indices"]]
-        if calibrate:  # raw, and batch-calibrated on the test inputs (what calibrating a random prompt gives)
-            scored = evaluate_calibrated(model, builder, demos, test, query_batch=cfg.query_batch)
-            row["test_accuracy"], row["calibrated_test_accuracy"] = scored["raw_accuracy"], scored["accuracy"]
-        else:
-            row["test_accuracy"] = evaluate_selection(model, builder, demos, test,
-                                                      query_batch=cfg.query_batch)["accuracy"]
-    name = handed["name"]
+    random_test_accuracies(cfg, result["random"], model, builder, splits.pool, test, calibrate)
     if calibrate:
-        chosen = calibrations.get(name)
-        if name.startswith(CALIBRATED):  # a calibrated random prompt or zero-shot: its bias on the inputs read
-            chosen = calibrate_prompt(model, builder, [splits.pool[i] for i in handed["indices"]], "batch", read)
-        handed["calibration"] = None if chosen is None else chosen.to_dict()
-        scored = evaluate_calibrated(model, builder, [splits.pool[i] for i in handed["indices"]], test,
-                                     chosen or no_calibration(task.labels), query_batch=cfg.query_batch)
-        handed["test_accuracy"], handed["raw_test_accuracy"] = scored["accuracy"], scored["raw_accuracy"]
+        calibrated_hand_over(cfg, handed, calibrations, model, builder, splits.pool, test, read, task.labels)
         zero_cal = evaluate_calibrated(model, builder, [], test, query_batch=cfg.query_batch)
         result["calibrated"] = calibration_summary(handed, result["random"], zero_cal, len(test))
-    elif name in selections:
-        handed["test_accuracy"] = selections[name]["test_accuracy"]
-    elif name == ZERO_SHOT:
-        handed["test_accuracy"] = zero
     else:
-        handed["test_accuracy"] = result["random"][int(name.split("-")[1])]["test_accuracy"]
+        handed["test_accuracy"] = raw_test_accuracy(handed["name"], selections, zero, result["random"])
     if handed["zero_shot_best"]:
         say("warning: the zero-shot prompt scored above every k-shot prompt checked; demonstrations may not help "
             "this model on this task")

@@ -27,6 +27,32 @@ _ROW_KEYS = ("method", "evaluator", "test_accuracy", "flops", "wall_seconds", "s
              "queries_used", "validation_size", "score_reliability")
 
 
+def report_rows(selections: dict[str, dict], check: dict | None) -> list[dict]:
+    """The report's rows, one per selection method (the search, the quick calibrated prompt and
+    affinity's runs first, each titled for what it is; affinity with its dense run's cost beside it)
+    and zero-shot last where the check measured it (what the prompt is measured against)."""
+    dense = selections.get("affinity-dense")
+    titles = {QUICK: "calibrated random prompt", "affinity-dense": "affinity (dense)",
+              "affinity-equal-cost": "affinity (dense's time)",
+              "search": "search (whole prompts)"}
+    first = ["search", QUICK, "affinity", "affinity-dense", "affinity-equal-cost"]
+    rows = []
+    for name in first + [n for n in selections if n not in first]:
+        if name not in selections:
+            continue
+        s = selections[name]
+        row = {key: s.get(key) for key in _ROW_KEYS} | {"method": titles.get(name, s.get("method")), "name": name}
+        if name == "affinity" and dense is not None:
+            row.update(dense_flops=dense["flops"], dense_wall_seconds=dense["wall_seconds"],
+                       dense_test_accuracy=dense["test_accuracy"])
+        rows.append(row)
+    if check and check.get("zero_shot_test_accuracy") is not None:
+        rows.append({"method": "zero-shot", "name": ZERO_SHOT, "evaluator": None,
+                     "test_accuracy": check["zero_shot_test_accuracy"], "test_size": check.get("test_size"),
+                     "flops": 0, "wall_seconds": None, "indices": []})
+    return rows
+
+
 def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict | None, selections: dict[str, dict],
                   splits: Splits, model, tokenizer, check: dict | None = None, verdict: dict | None = None,
                   headroom: dict | None = None) -> dict:
@@ -52,31 +78,12 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict | None, 
     handed_over.save(out)  # selection.json: what icl-ssm answer loads
     builder = PromptBuilder.for_model(model, tokenizer, task)
     atomic.write_text(out / "prompt.txt", builder.build_prefix([pool[i] for i in handed["indices"]]).text)
-    dense = selections.get("affinity-dense")
-    titles = {QUICK: "calibrated random prompt", "affinity-dense": "affinity (dense)",
-              "affinity-equal-cost": "affinity (dense's time)",
-              "search": "search (whole prompts)"}
-    first = ["search", QUICK, "affinity", "affinity-dense", "affinity-equal-cost"]
-    rows = []
-    for name in first + [n for n in selections if n not in first]:
-        if name not in selections:
-            continue
-        s = selections[name]
-        row = {key: s.get(key) for key in _ROW_KEYS} | {"method": titles.get(name, s.get("method")), "name": name}
-        if name == "affinity" and dense is not None:
-            row.update(dense_flops=dense["flops"], dense_wall_seconds=dense["wall_seconds"],
-                       dense_test_accuracy=dense["test_accuracy"])
-        rows.append(row)
-    if check and check.get("zero_shot_test_accuracy") is not None:  # what the prompt is measured against
-        rows.append({"method": "zero-shot", "name": ZERO_SHOT, "evaluator": None,
-                     "test_accuracy": check["zero_shot_test_accuracy"], "test_size": check.get("test_size"),
-                     "flops": 0, "wall_seconds": None, "indices": []})
     search = selections.get("search")
     report = {
         "model": cfg.model, "task": cfg.task, "k": cfg.k, "seed": cfg.seed,
         "compressor": comp,
         "fidelity": None if fidelity is None else {k: v for k, v in fidelity.items() if k not in ("config", "argv")},
-        "selections": rows,
+        "selections": report_rows(selections, check),
         "affinity_scores": selections["affinity"]["scores"] if "affinity" in selections else None,
         "picks": {name: s["indices"] for name, s in selections.items()}, "preferred": preferred,
         "prompt_file": "prompt.txt", "selected_file": "selected.jsonl",

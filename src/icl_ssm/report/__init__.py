@@ -16,8 +16,8 @@ on disk means the whole report is there. Missing or ``None`` values read "—"; 
 counted read "n/a".
 
 The modules, in the order the result dict flows through them: :mod:`.values` (what is where in
-the dict, and how a value reads), :mod:`.markdown` (``report.md`` and the lines the CLI prints),
-:mod:`.figures` (the plots), :mod:`.write` (the files).
+the dict, and how a value reads), :mod:`.search` (the prompt search's section), :mod:`.markdown`
+(``report.md`` and the lines the CLI prints), :mod:`.figures` (the plots), :mod:`.write` (the files).
 
 Imports only ``icl_ssm.apply`` and the layers below it; never the pipeline or the command line
 (``tests/test_layout.py``)."""

@@ -1,6 +1,7 @@
 """The report in words: ``report.md`` (:func:`_markdown`) and the lines the CLI prints beside it
-(:func:`calibration_lines`, :func:`check_lines`, :func:`verdict_lines`, :func:`search_lines`), with the tables of the
-selection methods, the checked prompts and the fidelity of the compressed cache."""
+(:func:`calibration_lines`, :func:`check_lines`, :func:`verdict_lines`), with the tables of the selection methods,
+the checked prompts and the fidelity of the compressed cache; the prompt search's section comes from
+:func:`~icl_ssm.report.search.search_lines`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import statistics
 from typing import Any
 
 from icl_ssm.evaluate.verdict import FAITHFUL, NOT_FAITHFUL, failed_checks
+from icl_ssm.report.search import search_lines
 from icl_ssm.report.values import (
     DASH,
     NOT_COUNTED,
@@ -19,6 +21,7 @@ from icl_ssm.report.values import (
     _fmt,
     _handed,
     _is_num,
+    _table,
     _test_accuracy,
     _test_size,
     _title,
@@ -37,25 +40,11 @@ _FIDELITY_COLS = (  # (key, header, format)
 )
 
 
-_SOURCES = {  # where the search's candidate prompts came from (select.search.SOURCES), in words
-    "random": "random prompts",
-    "balanced": "label-balanced random prompts",
-    "affinity": "Algorithm 2's top k from the screen's losses",
-    "seed": "other methods' picks",
-    "swap": "swaps and reorderings of the best screened",
-}
-
-
 def _ratio(dense: Any, ours: Any) -> str:
     """How many times fewer FLOPs ``ours`` needs than ``dense``."""
     if not (_is_num(dense) and _is_num(ours)) or dense <= 0 or ours <= 0:
         return DASH
     return f"{dense / ours:.1f}x fewer" if dense >= ours else f"{ours / dense:.1f}x more"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def _flops_cell(row: dict) -> str:
@@ -210,75 +199,6 @@ def _check_md(report: dict) -> list[str]:
              else "")
     return [f"Every pick, zero-shot and {total} random prompts on {n} held-out check examples{where}; the "
             "differences are paired bootstrap intervals over the check examples.", "", *_table(header, rows)]
-
-
-def search_lines(search: dict | None) -> list[str]:
-    """The prompt search in words: the plan and the time it took, the prompts screened by source,
-    the screen's reliability and its agreement with the dense confirmation, the winner (report.md)."""
-    if not search:
-        return []
-    plan = search.get("plan") or {}
-    sec = plan.get("seconds") or {}
-    per = plan.get("per_prompt") or {}
-    screen = search.get("screen") or "none"
-    budget, wall, phases = search.get("budget_seconds"), search.get("wall_seconds"), search.get("phases") or {}
-    took = ", ".join(f"{p} {phases[p]:.0f} s" for p in ("pilot", "screen", "confirm", "order")
-                     if _is_num(phases.get(p)))
-    lines = [f"Budget {_fmt(budget, '.0f')} s, took {_fmt(wall, '.0f')} s" + (f" ({took})." if took else "."), ""]
-    rungs = " -> ".join(f"{a} x {q}" for a, q in plan.get("rungs") or [])
-    screened_plan = (f"screen {plan.get('screened')} prompts on the {screen} caches "
-                     f"({_fmt(sec.get('screen'), '.0f')} s, {_fmt(per.get('screen'), '.2f')} s per prompt), "
-                     if screen != "none" and plan.get("screened") else "no screen (random search), ")
-    lines.append(f"- Plan: {screened_plan}confirm {_cell(plan.get('arms'))} on dense caches by successive halving "
-                 f"({rungs or DASH} prompts x queries, {_fmt(sec.get('confirm'), '.0f')} s), order the survivor over "
-                 f"{_cell(plan.get('orders'))} orders ({_fmt(sec.get('order'), '.0f')} s).")
-    sources = search.get("sources") or {}
-    by_source = ", ".join(f"{_SOURCES.get(s, s)} {c}" for s, c in sorted(sources.items(), key=lambda x: -x[1]))
-    sq, cq = search.get("screen_queries"), search.get("confirm_queries")
-    if screen != "none":
-        lines.append(f"- Screened: {_cell(search.get('screened'))} prompts on the {screen} caches, each on the same "
-                     f"{_cell(sq)} label-balanced validation queries; candidates by source: {by_source or DASH}.")
-        half, rel = search.get("screen_split_half"), search.get("screen_reliability")
-        if _is_num(half):
-            halves = f"two halves of {sq // 2} queries" if isinstance(sq, int) else "two halves of its queries"
-            lines.append(f"- Screen reliability: split-half Spearman {half:.2f} between the prompts' losses on "
-                         f"{halves}, Spearman-Brown {_fmt(rel, '.2f')} for all {_cell(sq)}; over the "
-                         f"{_cell(search.get('screened'))} screened prompts.")
-        else:
-            lines.append("- Screen reliability: not measured (fewer than 3 prompts, or 2 queries, with per-query "
-                         "losses).")
-        rho, first = search.get("screen_vs_confirm_spearman"), (search.get("rungs") or [{}])[0]
-        if _is_num(rho):
-            lines.append(f"- Screen vs dense confirmation: Spearman {rho:.2f} between the screen's loss and the dense "
-                         f"loss on the first rung's {_cell(first.get('queries'))} queries, over its "
-                         f"{_cell(first.get('arms'))} prompts.")
-        else:
-            lines.append("- Screen vs dense confirmation: not measured (fewer than 3 prompts on the first rung).")
-    else:
-        lines.append(f"- No screen: candidates went straight into the dense confirmation; by source: "
-                     f"{by_source or DASH}.")
-    winner = search.get("winner_source")
-    loss = search.get("winner_confirm_loss")
-    won = f"- Winner: from {_SOURCES.get(winner, _cell(winner))}, dense loss {_fmt(loss)} on {_cell(cq)} queries"
-    order = search.get("order_search") or {}
-    cands = order.get("candidates") or []
-    if cands and isinstance(order.get("chosen"), int) and order["chosen"] < len(cands):
-        best = cands[order["chosen"]]
-        won += (f"; its order chosen among {len(cands)} on the same queries: {best.get('order')} "
-                f"(loss {_fmt(best.get('validation_loss'))})")
-    lines.append(won + ".")
-    if search.get("stopped"):
-        lines.append(f"- Stopped early: {search['stopped']}.")
-    table = []
-    for i, r in enumerate(search.get("rungs") or []):
-        losses, srcs = r.get("losses") or [], r.get("sources") or []
-        kept = ", ".join(srcs[:4]) + (", ..." if len(srcs) > 4 else "")
-        table.append([str(i + 1), _cell(r.get("arms")), _cell(r.get("queries")),
-                      _fmt(losses[0]) if losses else DASH, kept or DASH])
-    if table:
-        lines += ["", *_table(["Rung", "Prompts", "Dense queries each", "Best dense loss", "Sources (best first)"],
-                              table)]
-    return lines
 
 
 def _fidelity_md(fid: dict | None, verdict: dict | None) -> list[str]:

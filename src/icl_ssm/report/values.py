@@ -1,6 +1,7 @@
 """Reading a run's result dict: where each value is (the handed-over prompt, the test size, the
 methods, zero-shot, a stage's title) and how a value reads in the report ("—" when it is
-missing, FLOPs with their SI prefix, an accuracy with its Wilson interval)."""
+missing, FLOPs with their SI prefix, an accuracy with its Wilson interval, rows of cells as a
+markdown table)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,12 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
 
 def _cell(x: Any) -> str:
     return DASH if x is None else str(x).replace("|", "\\|")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table: the header, its rule and one line per row of cells."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def _flops_counted(row: dict) -> bool:
