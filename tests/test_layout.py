@@ -184,3 +184,14 @@ def test_every_subpackage_says_what_it_holds_and_what_it_must_not_import(package
     doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text())) or ""
     assert len(doc.split()) >= 25, f"icl_ssm.{package}: a docstring of {len(doc.split())} words"
     assert "import" in doc.lower() and "tests/test_layout.py" in doc, f"icl_ssm.{package}: no word on its imports"
+
+
+def test_files_and_functions_stay_small():
+    """One file, one idea: no library file over 400 lines, no function over 60."""
+    long_files = [f"{p.relative_to(SRC)}: {n} lines" for p in PACKAGE.rglob("*.py")
+                  if (n := len(p.read_text().splitlines())) > 400]
+    long_functions = [f"{p.relative_to(SRC)}:{node.name}: {node.end_lineno - node.lineno + 1} lines"
+                      for p in PACKAGE.rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+                      if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                      and node.end_lineno - node.lineno + 1 > 60]
+    assert long_files == [] and long_functions == []
