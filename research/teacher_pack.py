@@ -15,6 +15,7 @@ import json
 import torch
 
 from icl_ssm.cost import measure
+from icl_ssm.distill import spec as SP
 from icl_ssm.distill import teacher as TT
 from icl_ssm.distill.targets import teacher_targets
 from icl_ssm.lm.models import DEFAULT_MODEL, load_model
@@ -34,7 +35,7 @@ def main() -> None:
     lead = leads[0] if leads else ()
     rows = []
     for k in args.k:
-        spec = TT.TeacherSpec(model=args.model, model_fingerprint=TT.model_fingerprint(model), tasks=(args.task,),
+        spec = SP.TeacherSpec(model=args.model, model_fingerprint=SP.model_fingerprint(model), tasks=(args.task,),
                               k=k, episodes=args.episodes, queries=args.queries, answer_leads=leads)
         episodes = TT.sample_episodes([len(pools[0])], spec)
         times = {True: [], False: []}

@@ -18,6 +18,7 @@ from icl_ssm.cli import main
 from icl_ssm.compress.cache import exact_cache
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
+from icl_ssm.distill import spec as SP
 from icl_ssm.distill import teacher as TT
 from icl_ssm.distill import train as distill_train
 from icl_ssm.distill.config import DistillConfig
@@ -107,7 +108,7 @@ def spec(**kw):
     base = dict(model="tiny-llama", model_fingerprint="x", tasks=("coin_flip",), k=4, episodes=8, queries=2,
                 group_size=2, num_virtual=4, num_sink=2, topk=8, shard_size=3)
     base.update(kw)
-    return TT.TeacherSpec(**base)
+    return SP.TeacherSpec(**base)
 
 
 def test_episodes_are_deterministic_grouped_and_disjoint():
@@ -146,7 +147,7 @@ def test_shared_tail_groups_differ_only_before_their_last_demonstrations():
 
 def test_teacher_cache_round_trip_and_refusals(tmp_cache, tmp_path):
     model, tok = load_model("tiny-llama")
-    s = spec(model_fingerprint=TT.model_fingerprint(model))
+    s = spec(model_fingerprint=SP.model_fingerprint(model))
     d = TT.build_teacher_cache(model, tok, s, tmp_path / "tc")
     cache = TT.TeacherCache.open(d, s)
     assert len(cache) == 8
@@ -181,7 +182,7 @@ def test_runs_that_open_one_teacher_cache_at_once_do_not_collide(tmp_cache, tmp_
     from concurrent.futures import ThreadPoolExecutor
 
     model, tok = load_model("tiny-llama")
-    s = spec(model_fingerprint=TT.model_fingerprint(model))
+    s = spec(model_fingerprint=SP.model_fingerprint(model))
     d = TT.build_teacher_cache(model, tok, s, tmp_path / "tc")
     real, both_written = os.replace, threading.Barrier(2, timeout=30)
 
@@ -199,7 +200,7 @@ def test_runs_that_open_one_teacher_cache_at_once_do_not_collide(tmp_cache, tmp_
 
 def test_a_larger_cache_reuses_the_shards_of_a_smaller_one(tmp_cache, tmp_path, monkeypatch):
     model, tok = load_model("tiny-llama")
-    fp = TT.model_fingerprint(model)
+    fp = SP.model_fingerprint(model)
     small = TT.build_teacher_cache(model, tok, spec(model_fingerprint=fp), tmp_path / "root" / "small")
     other = TT.build_teacher_cache(model, tok, spec(model_fingerprint=fp, seed=1, episodes=3), tmp_path / "root" / "s1")
     calls = []
@@ -584,7 +585,7 @@ def test_numeric_answers_are_scored_where_they_differ(tmp_cache, tmp_path):
     leads = TT.answer_leads(builders, pools)
     assert leads == ((tok.convert_tokens_to_ids("Ġ"),),)
     assert TT.answer_leads(*TT.task_builders(model, tok, ("coin_flip",), seed=0, chat=False)) == ()
-    base = dict(model_fingerprint=TT.model_fingerprint(model), tasks=("modular_addition",), episodes=3)
+    base = dict(model_fingerprint=SP.model_fingerprint(model), tasks=("modular_addition",), episodes=3)
     with pytest.raises(ValueError, match="answer_leads is \\(\\), but the answers of \\['modular_addition'\\]"):
         TT.build_teacher_cache(model, tok, spec(**base), tmp_path / "bad")
     s = spec(**base, answer_leads=leads)

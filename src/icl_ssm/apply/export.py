@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from icl_ssm.select.selected import SelectedPrompt, task_template
+from icl_ssm.select.selected import SelectedPrompt
+from icl_ssm.select.selection_parts import task_template
 
 SEPARATOR = "\n\n"  # between demonstrations, as icl_ssm.lm.prompts lays them out
 

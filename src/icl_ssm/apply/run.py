@@ -30,7 +30,8 @@ from icl_ssm.compress.pretrained import find_pretrained
 from icl_ssm.data.tasks import Example, Task
 from icl_ssm.evaluate.stats import paired_bootstrap
 from icl_ssm.lock import one_writer
-from icl_ssm.select.selected import SelectedPrompt, compressor_fidelity
+from icl_ssm.select.selected import SelectedPrompt
+from icl_ssm.select.selection_parts import compressor_fidelity
 
 SUMMARY = "answer_summary.json"
 # --calibrate: the calibration saved with the selection, none, or one estimated now on the inputs

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from icl_ssm.distill.losses import RANK_LEVELS
-from icl_ssm.distill.teacher import validate_shared_tail
+from icl_ssm.distill.spec import validate_shared_tail
 from icl_ssm.ssm.layer import validate_learn_dt
 
 COMPRESSOR_FIELDS = ("state_size", "channels", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size",

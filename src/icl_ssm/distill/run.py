@@ -18,14 +18,8 @@ import torch
 
 from icl_ssm import atomic
 from icl_ssm.distill.config import DistillConfig
-from icl_ssm.distill.teacher import (
-    TeacherCache,
-    TeacherSpec,
-    answer_leads,
-    build_teacher_cache,
-    model_fingerprint,
-    task_builders,
-)
+from icl_ssm.distill.spec import TeacherSpec, model_fingerprint
+from icl_ssm.distill.teacher import TeacherCache, answer_leads, build_teacher_cache, task_builders
 from icl_ssm.distill.train import train
 from icl_ssm.lm.models import load_model
 from icl_ssm.lock import LOCK, one_writer

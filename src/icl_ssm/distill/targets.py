@@ -20,7 +20,6 @@ The queries are read packed after one copy of the prefix
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -28,11 +27,9 @@ from torch import Tensor
 from icl_ssm.compress.cache import exact_cache, forward_with_prefix
 from icl_ssm.compress.packed import forward_packed
 from icl_ssm.data.tasks import Example
+from icl_ssm.distill.spec import TeacherSpec
 from icl_ssm.lm.batch import pad_ids
 from icl_ssm.lm.prompts import PromptBuilder
-
-if TYPE_CHECKING:  # the spec's module stores these targets: it imports this one
-    from icl_ssm.distill.teacher import TeacherSpec
 
 
 def pool_kv(kv: Tensor, length: int, num_sink: int, num_virtual: int) -> Tensor:

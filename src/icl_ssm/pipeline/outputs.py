@@ -16,7 +16,8 @@ from icl_ssm.pipeline.config import QUICK, RunConfig, held_out_start
 from icl_ssm.pipeline.stages import Stages
 from icl_ssm.select.check import ZERO_SHOT
 from icl_ssm.select.outputs import selected_rows
-from icl_ssm.select.selected import SelectedPrompt, compressor_fidelity, pool_spec
+from icl_ssm.select.selected import SelectedPrompt, pool_spec
+from icl_ssm.select.selection_parts import compressor_fidelity
 
 _SEARCH_KEYS = ("screen", "plan", "budget_seconds", "wall_seconds", "phases", "screened", "sources",
                 "screen_queries", "confirm_queries", "screen_split_half", "screen_reliability",

@@ -15,7 +15,8 @@ from icl_ssm.calibrate import Calibration
 from icl_ssm.data.tasks import Example, get_task
 from icl_ssm.select.base import Selection
 from icl_ssm.select.config import SelectConfig, selection_queries, uses_compressor
-from icl_ssm.select.selected import SelectedPrompt, compressor_fidelity, pool_spec
+from icl_ssm.select.selected import SelectedPrompt, pool_spec
+from icl_ssm.select.selection_parts import compressor_fidelity
 
 
 def selected_rows(pool, indices: list[int], scores: list[float | None]) -> list[dict]:

@@ -36,22 +36,9 @@ from icl_ssm.calibrate import Calibration
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import KINDS, Example, Task, get_task
 from icl_ssm.lm.models import EMBEDDED_MODELS
-from icl_ssm.select.selection_schema import FORMAT, RECIPE_SCHEMA, SELECTION_FILE, SELECTION_SCHEMA, TEMPLATE_FIELDS
-
-
-@dataclass(frozen=True)
-class Demonstration:
-    """One demonstration of a prompt: its ``id`` in the task, ``text`` (the input shown),
-    ``label`` (the gold label name, or the answer text of a generative task) and where it sits
-    in the candidate pool (``pool_index``; None where the pool is not known)."""
-
-    id: str
-    text: str
-    label: str
-    pool_index: int | None = None
-
-    def example(self) -> Example:
-        return Example(self.id, self.text, self.label)
+from icl_ssm.select import selected_legacy
+from icl_ssm.select.selection_parts import Demonstration, task_template
+from icl_ssm.select.selection_schema import FORMAT, SELECTION_FILE, SELECTION_SCHEMA, TEMPLATE_FIELDS
 
 
 @dataclass
@@ -221,15 +208,15 @@ class SelectedPrompt:
         """A selection from a directory or a ``selected.jsonl`` (see the module docstring).
         ``model``, ``task`` and ``task_options`` say what a ``selected.jsonl`` with no
         configuration beside it was chosen for; they are not read otherwise."""
-        from icl_ssm.select import selected_legacy  # it builds SelectedPrompts: imported here, not at the top
-
         path = Path(path)
         if path.is_file() and path.name == SELECTION_FILE:
             path = path.parent
         if path.is_file():
             if path.suffix != ".jsonl":
                 raise ValueError(f"{path}: expected a selection directory or a selected.jsonl file")
-            return selected_legacy.from_jsonl(path, model, task, task_options or {})
+            if selected_legacy.in_selection_dir(path):
+                return SelectedPrompt.load(path.parent)
+            return SelectedPrompt(**selected_legacy.from_jsonl(path, model, task, task_options or {}))
         if not path.is_dir():
             raise ValueError(f"selection {str(path)!r} does not exist; expected the --out directory of icl-ssm select "
                              "or icl-ssm run, or a selected.jsonl")
@@ -237,9 +224,9 @@ class SelectedPrompt:
             file = path / SELECTION_FILE
             return SelectedPrompt.from_dict(schema.load(file, schema.OBJECT), str(file))
         if (path / "select_config.json").is_file():
-            return selected_legacy.from_select_dir(path)
+            return SelectedPrompt(**selected_legacy.from_select_dir(path))
         if (path / "run_config.json").is_file():
-            return selected_legacy.from_run_dir(path)
+            return SelectedPrompt(**selected_legacy.from_run_dir(path))
         found = ", ".join(sorted(p.name for p in path.iterdir())[:8]) or "nothing"
         raise ValueError(f"{path} is not a selection: expected {SELECTION_FILE}, or the files of icl-ssm select "
                          f"(select_config.json, summary.json, selected.jsonl) or icl-ssm run (run_config.json, "
@@ -276,13 +263,6 @@ class TemplateTask(Task):
         raise ValueError(f"task {self.template_name!r} was rebuilt from a saved template and has no data")
 
 
-def task_template(task: Task) -> dict[str, Any]:
-    """The fields of ``task`` that decide how its prompts read:
-    :data:`~icl_ssm.select.selection_schema.TEMPLATE_FIELDS`."""
-    return {"kind": task.kind, "labels": list(task.labels), "verbalizers": dict(task.verbalizers),
-            "instruction": task.instruction, "input_prefix": task.input_prefix, "output_prefix": task.output_prefix}
-
-
 def canonical_model(name: str) -> str:
     """One name per model: an embedded model's canonical name for any of its aliases, a local
     directory's resolved path, else the name as given (a hub id)."""
@@ -308,24 +288,3 @@ def pool_spec(pool: Sequence[Example], *, size: int, seed: int, k: int, min_vali
     return {"size": size, "seed": seed, "k": k, "min_validation": min_validation, "ids_sha256": ids_hash(pool)}
 
 
-def compressor_fidelity(compressor: str | None, verdict: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """``SelectedPrompt.fidelity`` for ``compressor``: from a run's fidelity ``verdict``
-    (:func:`~icl_ssm.evaluate.verdict.fidelity_verdict`) when there is one; else, for a
-    compressor shipped with the package, the fidelity its recipe records (numbers without
-    intervals: no verdict); else None."""
-    if compressor is None:
-        return None
-    if verdict is not None and verdict.get("checks") is not None:
-        passed = verdict.get("verdict", verdict.get("evaluator"))
-        return {"verdict": passed, "detail": verdict.get("summary") or verdict.get("reason") or "",
-                "source": "the run's fidelity stage"}
-    recipe = Path(compressor).parent / "recipe.json"
-    measured = schema.load(recipe, RECIPE_SCHEMA).get("fidelity") if recipe.is_file() else None
-    if not measured:
-        return {"verdict": None, "detail": "no fidelity measured for this compressor", "source": None}
-    numbers = ", ".join(f"{key} {measured[key]:.3f}" for key in ("subset_loss_spearman", "kl", "top1_agree",
-                                                                  "acc_dense", "acc_compressed")
-                        if isinstance(measured.get(key), int | float))
-    return {"verdict": None, "source": str(recipe),
-            "detail": f"measured when it was shipped on {measured.get('subsets')} subsets x {measured.get('queries')} "
-                      f"queries: {numbers}; without intervals, so no verdict (icl-ssm run measures one)"}

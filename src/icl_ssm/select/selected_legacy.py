@@ -1,5 +1,5 @@
-"""A :class:`~icl_ssm.select.selected.SelectedPrompt` from the files ``icl-ssm select`` and
-``icl-ssm run`` wrote before ``selection.json`` existed: ``select_config.json`` + ``summary.json``
+"""The fields of a :class:`~icl_ssm.select.selected.SelectedPrompt` (its keyword arguments) from the
+files ``icl-ssm select`` and ``icl-ssm run`` wrote before ``selection.json`` existed: ``select_config.json`` + ``summary.json``
 (:func:`from_select_dir`), ``run_config.json`` + ``report.json`` (:func:`from_run_dir`), each
 with its ``selected.jsonl``, or a ``selected.jsonl`` alone (:func:`from_jsonl`).
 
@@ -16,7 +16,7 @@ from typing import Any
 from icl_ssm import schema
 from icl_ssm.data.files import read_records
 from icl_ssm.data.tasks import get_task
-from icl_ssm.select.selected import Demonstration, SelectedPrompt, compressor_fidelity, task_template
+from icl_ssm.select.selection_parts import Demonstration, compressor_fidelity, task_template
 from icl_ssm.select.selection_schema import (
     REPORT_SCHEMA,
     RUN_CONFIG_SCHEMA,
@@ -51,8 +51,8 @@ def _template_of(task: str, options: dict[str, Any]) -> dict[str, Any]:
         return {}  # the task cannot be built here: the prompt is formatted from the task when answering
 
 
-def from_select_dir(path: Path) -> SelectedPrompt:
-    """The selection in a directory ``icl-ssm select`` wrote: ``select_config.json``,
+def from_select_dir(path: Path) -> dict[str, Any]:
+    """The fields of the selection in a directory ``icl-ssm select`` wrote: ``select_config.json``,
     ``selected.jsonl`` and (for the pool positions) ``summary.json``."""
     cfg = schema.load(path / "select_config.json", SELECT_CONFIG_SCHEMA)
     if not (path / "selected.jsonl").is_file():
@@ -73,9 +73,10 @@ def from_select_dir(path: Path) -> SelectedPrompt:
     pool = {"size": cfg["pool_size"], "seed": cfg.get("seed", 0), "k": cfg.get("k", len(rows)),
             "min_validation": queries} if "pool_size" in cfg else None
     compressor = cfg.get("compressor") if _reads_compressor(cfg) else None
-    return SelectedPrompt(cfg.get("model", ""), cfg.get("task", ""), _demos(rows, indices), options,
-                          _template_of(cfg.get("task", ""), options), bool(cfg.get("chat", False)), pool, compressor,
-                          compressor_fidelity(compressor), method, source=str(path))
+    return dict(model=cfg.get("model", ""), task=cfg.get("task", ""), demonstrations=_demos(rows, indices),
+                task_options=options, template=_template_of(cfg.get("task", ""), options),
+                chat=bool(cfg.get("chat", False)), pool=pool, compressor=compressor,
+                fidelity=compressor_fidelity(compressor), method=method, source=str(path))
 
 
 def _reads_compressor(cfg: dict[str, Any]) -> bool:
@@ -84,8 +85,8 @@ def _reads_compressor(cfg: dict[str, Any]) -> bool:
     return cfg.get("method") in ("affinity", "bridge") and cfg.get("evaluator") == "compressed"
 
 
-def from_run_dir(path: Path) -> SelectedPrompt:
-    """The prompt handed over in a directory ``icl-ssm run`` wrote: ``run_config.json``,
+def from_run_dir(path: Path) -> dict[str, Any]:
+    """The fields of the prompt handed over in a directory ``icl-ssm run`` wrote: ``run_config.json``,
     ``report.json`` and ``selected.jsonl``."""
     cfg = schema.load(path / "run_config.json", RUN_CONFIG_SCHEMA)
     if not (path / "selected.jsonl").is_file() or not (path / "report.json").is_file():
@@ -100,22 +101,25 @@ def from_run_dir(path: Path) -> SelectedPrompt:
     pool = {"size": cfg["pool_size"], "seed": cfg.get("seed", 0), "k": cfg.get("k", len(rows)),
             "min_validation": max(cfg.get("queries", 0), search) + cfg.get("check_size", 0)}
     compressor = (report.get("compressor") or {}).get("compressor")
-    return SelectedPrompt(cfg.get("model", ""), cfg.get("task", ""), _demos(rows, handed.get("indices")), options,
-                          _template_of(cfg.get("task", ""), options), False, pool, compressor,
-                          compressor_fidelity(compressor, report.get("fidelity_verdict")), handed.get("name"),
-                          source=str(path))
+    return dict(model=cfg.get("model", ""), task=cfg.get("task", ""),
+                demonstrations=_demos(rows, handed.get("indices")), task_options=options,
+                template=_template_of(cfg.get("task", ""), options), chat=False, pool=pool, compressor=compressor,
+                fidelity=compressor_fidelity(compressor, report.get("fidelity_verdict")), method=handed.get("name"),
+                source=str(path))
 
 
-def from_jsonl(path: Path, model: str | None, task: str | None, options: dict[str, Any]) -> SelectedPrompt:
-    """The selection in a ``selected.jsonl``: its directory's, when the directory holds a
-    selection's configuration; else the rows chosen for ``model`` and ``task`` (built with
-    ``options``), which must then be named."""
-    folder = path.parent
-    if path.name == "selected.jsonl" and any((folder / name).is_file() for name in
-                                             (SELECTION_FILE, "select_config.json", "run_config.json")):
-        return SelectedPrompt.load(folder)
+def in_selection_dir(path: Path) -> bool:
+    """Whether ``path``, a ``selected.jsonl``, sits in a directory that holds its selection's
+    configuration (which is then read instead)."""
+    return path.name == "selected.jsonl" and any((path.parent / name).is_file() for name in
+                                                 (SELECTION_FILE, "select_config.json", "run_config.json"))
+
+
+def from_jsonl(path: Path, model: str | None, task: str | None, options: dict[str, Any]) -> dict[str, Any]:
+    """The fields of the selection in a ``selected.jsonl`` outside a selection directory: the
+    rows chosen for ``model`` and ``task`` (built with ``options``), which must then be named."""
     if not model or not task:
         raise ValueError(f"{path}: a selected.jsonl alone does not say which model and task it was chosen for; pass "
                          "the directory icl-ssm select or icl-ssm run wrote it into, or name them (--model, --task)")
-    return SelectedPrompt(model, task, _demos(_read_rows(path), None), dict(options), _template_of(task, options),
-                          source=str(path))
+    return dict(model=model, task=task, demonstrations=_demos(_read_rows(path), None), task_options=dict(options),
+                template=_template_of(task, options), source=str(path))
