@@ -195,3 +195,15 @@ def test_files_and_functions_stay_small():
                       if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
                       and node.end_lineno - node.lineno + 1 > 60]
     assert long_files == [] and long_functions == []
+
+
+def test_the_code_passes_its_linter():
+    """`make lint`'s check, run with the suite so that CI holds it too."""
+    import shutil
+    import subprocess
+    import sys
+
+    ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
+    done = subprocess.run([ruff, "check", "src", "tests", "tools", "research", "bench"], cwd=SRC.parent,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:]

@@ -1,7 +1,8 @@
-"""The fields of a :class:`~icl_ssm.select.selected.SelectedPrompt` (its keyword arguments) from the
-files ``icl-ssm select`` and ``icl-ssm run`` wrote before ``selection.json`` existed: ``select_config.json`` + ``summary.json``
-(:func:`from_select_dir`), ``run_config.json`` + ``report.json`` (:func:`from_run_dir`), each
-with its ``selected.jsonl``, or a ``selected.jsonl`` alone (:func:`from_jsonl`).
+"""The fields of a :class:`~icl_ssm.select.selected.SelectedPrompt` (its keyword arguments) from
+the files ``icl-ssm select`` and ``icl-ssm run`` wrote before ``selection.json`` existed:
+``select_config.json`` + ``summary.json`` (:func:`from_select_dir`), ``run_config.json`` +
+``report.json`` (:func:`from_run_dir`), each with its ``selected.jsonl``, or a
+``selected.jsonl`` alone (:func:`from_jsonl`).
 
 Only the fields :mod:`~icl_ssm.select.selection_schema` lists are read; what those files never
 held (the template of a task that cannot be built here, the pool positions of a pick other than
