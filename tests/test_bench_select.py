@@ -374,9 +374,9 @@ HARNESSES = {"estimators": ("estimators", "estimators_sim"), "headroom": ("headr
 
 
 def test_bench_harnesses_take_a_config_not_a_namespace():
-    """Only cli/ reads flags: the harness modules import no argparse, none of their functions takes
-    a Namespace (or a parameter named ``args``), and each harness takes a frozen config dataclass
-    of its own module."""
+    """Only cli/ reads flags: no module of the benchmark package outside cli/ imports argparse, and
+    none of their functions takes a Namespace (or a parameter named ``args``); each selection
+    harness takes a frozen config dataclass of its own module."""
     import ast
     import dataclasses
     import importlib
@@ -386,9 +386,12 @@ def test_bench_harnesses_take_a_config_not_a_namespace():
     import icl_ssm_bench
 
     root = Path(icl_ssm_bench.__file__).parent
-    for name, harnesses in HARNESSES.items():
-        for node in ast.walk(ast.parse((root / f"{name}.py").read_text())):
-            where = f"{name}.py:{getattr(node, 'lineno', '?')}"
+    modules = sorted(p for p in root.rglob("*.py") if "cli" not in p.relative_to(root).parts)
+    assert len(modules) > 20 and {f"{name}.py" for name in HARNESSES} <= {p.name for p in modules}
+    for path in modules:  # every harness and the study; only cli/ reads flags
+        name = path.relative_to(root)
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{name}:{getattr(node, 'lineno', '?')}"
             if isinstance(node, ast.Import):
                 assert all(a.name.split(".")[0] != "argparse" for a in node.names), f"{where} imports argparse"
             if isinstance(node, ast.ImportFrom):
@@ -398,6 +401,7 @@ def test_bench_harnesses_take_a_config_not_a_namespace():
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
                 params = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
                 assert "args" not in [a.arg for a in params], f"{where} takes args"
+    for name, harnesses in HARNESSES.items():
         module = importlib.import_module(f"icl_ssm_bench.{name}")
         for harness in harnesses:
             fn = getattr(module, harness)

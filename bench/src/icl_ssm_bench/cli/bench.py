@@ -329,7 +329,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="runs/calibrate",
                    help="runs.jsonl (a line per finished run), calibrate.json, calibrate.md")
     p.set_defaults(func=_run_calibrate)
-    from icl_ssm_bench.answer import add_parser as add_answer
+    from icl_ssm_bench.cli.answer import add_parser as add_answer
 
     add_answer(kinds)
     from icl_ssm_bench.cli.bench_select import add_kinds
