@@ -91,8 +91,7 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict | None, 
         "pool_size": len(pool), "run_config": asdict(cfg), "check": check, "handed_over": handed,
         "fidelity_verdict": verdict,
         "search": None if search is None else {key: search.get(key) for key in _SEARCH_KEYS},
-        "headroom": headroom, "stages_made_by": Stages(out).made_by(),
-        "stage_seconds": Stages(out).seconds(),
+        "headroom": headroom, **Stages(out).provenance(),
     }
     write_report(out, report)
     return report

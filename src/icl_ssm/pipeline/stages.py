@@ -48,13 +48,13 @@ class Stages:
         self._since = time.monotonic()
         return result
 
-    def seconds(self) -> dict[str, float]:
-        """Each stored stage's wall seconds when it was made (stages stored before they were kept: absent)."""
-        return {name: record["seconds"] for name, record in self._records() if "seconds" in record}
-
-    def made_by(self) -> dict[str, dict]:
-        """Each stored stage's ``made_by`` (stages stored before it was kept: absent)."""
-        return {name: record["made_by"] for name, record in self._records() if record.get("made_by")}
+    def provenance(self) -> dict[str, dict]:
+        """What made each stored stage and its wall seconds, read in one pass:
+        ``{"stages_made_by": {name: made_by}, "stage_seconds": {name: seconds}}`` (a stage stored
+        before either was kept is absent from that map)."""
+        records = dict(self._records())
+        return {"stages_made_by": {name: r["made_by"] for name, r in records.items() if r.get("made_by")},
+                "stage_seconds": {name: r["seconds"] for name, r in records.items() if "seconds" in r}}
 
     def _records(self) -> Iterator[tuple[str, dict]]:
         for path in sorted(self.dir.glob("*.json")):
