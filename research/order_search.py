@@ -5,7 +5,7 @@ validation loss score better on the test set than the other orders of the same s
 
 REPORT is a `bench select-quality --json-out` file and ORDERS_REPORT the `bench select-order
 --orders score interleave random --permutations P --json-out` file made from it, with
-P = candidates - 2: its rows hold the test accuracy of exactly the orders `selection.search_order`
+P = candidates - 2: its rows hold the test accuracy of exactly the orders `icl_ssm.select.order.search_order`
 draws (the same generator, `order_rng(seed)`), so only the validation losses are computed here
 (one dense prompt per candidate order, the first `--queries` validation queries). OUT gets, per
 selection, every candidate's order, indices, validation loss and test accuracy, and the one the
@@ -25,9 +25,9 @@ from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
 from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
-from icl_ssm.select.affinity import search_order
 from icl_ssm.select.base import order_rng
 from icl_ssm.select.evaluators import CacheEvaluator
+from icl_ssm.select.order import search_order
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.stats import queries_for_reliability, spearman
 from icl_ssm.select.affinity import AffinitySelector
+from icl_ssm.select.base import Hooks
 from icl_ssm.select.budget import (
     Reliability,
     block_halves,
@@ -238,7 +239,7 @@ def test_a_budgeted_selection_runs_pilot_plan_and_main_round():
     pool, validation = pool_of(n), pool_of(48)
     evaluator = NoisyAdditive(quality, noise=1.0)
     said, totals = [], []
-    selector = AffinitySelector(evaluator, budget=600.0, say=said.append, on_total=totals.append)
+    selector = AffinitySelector(evaluator, budget=600.0, hooks=Hooks(on_say=said.append, on_total=totals.append))
     sel = selector.select(pool, validation, k, np.random.default_rng(0))
     record = sel.details["budget"]
     pilot = record["pilot"]

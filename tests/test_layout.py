@@ -128,11 +128,24 @@ def test_the_adding_a_selector_example_registers_a_working_method():
         exec(compile(code, "adding-a-selector.md", "exec"), {})
         pool = get_task("coin_flip", size=30).examples()[:20]
         selector = SELECTORS["longest"].from_config(None, None, None)
+        assert selector.planned(len(pool), 3) == 0 and not selector.balances_labels
         chosen = selector.select(pool, pool[:2], 3, np.random.default_rng(0))
         longest = sorted(range(len(pool)), key=lambda i: len(pool[i].input))[-3:]
         assert sorted(chosen.indices) == sorted(longest)
     finally:
         SELECTORS.pop("longest", None)
+
+
+def test_the_selection_driver_names_no_concrete_selector():
+    """select/run.py builds every selector from the registry and asks it what it needs to know
+    (hooks, planned, balances_labels, findings): it imports no selector's module."""
+    from icl_ssm.select import base
+
+    concrete = {f"icl_ssm.select.{name}" for name in ("affinity", "bm25", "bridge", "gradce", "random_k", "search",
+                                                      "topk")}
+    imported = {module for _, module in imported_modules(PACKAGE / "select" / "run.py")}
+    assert imported & concrete == set()
+    assert base.Selector.planned(base.Selector(), 10, 2) == 0
 
 
 def commands_in_docs() -> list[str]:

@@ -31,9 +31,10 @@ from icl_ssm.evaluate.stats import (
 )
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.tiny import tiny_model, tiny_tokenizer
-from icl_ssm.select.affinity import AffinitySelector, search_order
+from icl_ssm.select.affinity import AffinitySelector
 from icl_ssm.select.base import (
     SELECTORS,
+    Hooks,
     Selection,
     arrange,
     order_rng,
@@ -54,6 +55,7 @@ from icl_ssm.select.evaluators import (
     reliability,
     split_half,
 )
+from icl_ssm.select.order import search_order
 from icl_ssm.select.random_k import RandomSelector
 from icl_ssm.select.sampling import balanced_subsets, focused_subsets, stratified_subsets, subsets_for
 
@@ -509,7 +511,7 @@ def test_affinity_on_compressed_caches_end_to_end(setup):
     pool, val = splits.pool[:16], splits.validation[:2]
     ticks = []
     selector = AffinitySelector(CacheEvaluator(model, builder, "compressed", comp, batch=4), subsets=12,
-                                  chunk=4, progress=ticks.append)
+                                  chunk=4, hooks=Hooks(on_progress=ticks.append))
     sel = selector.select(pool, val, 4, np.random.default_rng(0))
     assert len(set(sel.indices)) == 4 and sel.subsets == 12 == sum(ticks)
     assert sel.cost.flops > 0 and np.isfinite(sel.scores).all()

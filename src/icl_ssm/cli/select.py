@@ -18,7 +18,7 @@ from icl_ssm.evaluate.answers import LOSSES
 from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lock import one_writer
-from icl_ssm.select.base import SELECTORS
+from icl_ssm.select.base import SELECTORS, Hooks
 from icl_ssm.select.config import (
     CALIBRATE,
     EVALUATORS,
@@ -73,8 +73,9 @@ def _select(cfg: SelectConfig, out, args: argparse.Namespace) -> int:
                 stderr.print(f"select: {int(t.completed)}/{int(t.total or 0)} subsets, {t.elapsed or 0:.0f} s")
 
         selection, summary, pool = select_demonstrations(
-            cfg, model, tokenizer, compressor, on_start=lambda n: bar.update(job, total=n or None), progress=advance,
-            say=(lambda line: stderr.print(f"select: {line}", highlight=False, soft_wrap=True)) if main else None)
+            cfg, model, tokenizer, compressor,
+            hooks=Hooks(on_say=(lambda line: stderr.print(f"select: {line}", highlight=False, soft_wrap=True))
+                        if main else None, on_progress=advance, on_total=lambda n: bar.update(job, total=n or None)))
     summary["argv"] = getattr(args, "argv", None)
     if main and out is not None:
         task = get_task(cfg.task, **cfg.task_options)

@@ -47,6 +47,7 @@ from icl_ssm.pipeline.config import (
 from icl_ssm.pipeline.methods import equal_cost_stage, headroom_stage, quick_selection, search_config
 from icl_ssm.pipeline.outputs import write_outputs
 from icl_ssm.pipeline.stages import Stages, say, stage_bar, stage_key
+from icl_ssm.select.base import Hooks
 from icl_ssm.select.config import CALIBRATE, EVALUATED, SelectConfig
 from icl_ssm.select.run import select_demonstrations
 
@@ -109,9 +110,9 @@ def _run_pipeline(cfg: RunConfig, out: Path) -> dict:
         result = stages.get(f"select-{name}", key)
         if result is None:
             with stage_bar(f"select {name}", "subsets") as (on_start, advance):
+                hooks = Hooks(lambda line, n=name: say(f"select {n}: {line}"), advance, on_start)
                 selection, summary, pool = select_demonstrations(scfg, model, tokenizer, compressor, splits=splits,
-                                                                 on_start=on_start, progress=advance,
-                                                                 say=lambda line, n=name: say(f"select {n}: {line}"))
+                                                                 hooks=hooks)
             summary["scores"] = [None if s != s else float(s) for s in selection.scores.tolist()]
             result = stages.put(f"select-{name}", key, summary)
         else:

@@ -13,6 +13,7 @@ from icl_ssm.data.tasks import get_task
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.pipeline.config import RunConfig, held_out_start
 from icl_ssm.pipeline.stages import Stages, say, stage_bar, stage_key
+from icl_ssm.select.base import Hooks
 from icl_ssm.select.config import SelectConfig
 from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.headroom import HEADROOM_PROMPTS, MIN_RELIABILITY, can_add, measure_headroom
@@ -58,8 +59,8 @@ def equal_cost_stage(cfg: RunConfig, stages: Stages, base: SelectConfig, dense: 
     say(f"select affinity on compressed caches in the dense evaluator's time ({dense['wall_seconds']:.0f} s)")
     with stage_bar("select affinity (equal cost)", "subsets") as (on_start, advance):
         selection, summary, _ = select_demonstrations(
-            scfg, model, tokenizer, compressor, splits=replace(splits, validation=spare), on_start=on_start,
-            progress=advance, say=lambda line: say(f"select affinity (equal cost): {line}"))
+            scfg, model, tokenizer, compressor, splits=replace(splits, validation=spare),
+            hooks=Hooks(lambda line: say(f"select affinity (equal cost): {line}"), advance, on_start))
     summary["scores"] = [None if s != s else float(s) for s in selection.scores.tolist()]
     return stages.put("select-affinity-equal-cost", key, summary)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,11 +14,10 @@ import numpy as np
 import torch
 
 from icl_ssm.cost import Cost
-from icl_ssm.data.tasks import Example
 from icl_ssm.select.base import (
+    Hooks,
     Selection,
     Selector,
-    arrange,
     register,
     top_k,
     top_k_per_label,
@@ -54,29 +52,6 @@ from icl_ssm.select.evaluators import (
 from icl_ssm.select.sampling import balanced_subsets, focused_subsets, label_quotas, stratified_subsets, subsets_for
 
 
-def search_order(evaluator: SubsetEvaluator, pool: Sequence[Example], validation: Sequence[Example],
-                 indices: Sequence[int], labels: Sequence[str], candidates: int,
-                 rng: np.random.Generator) -> tuple[list[int], dict[str, Any]]:
-    """The prompt order of the chosen ``indices`` with the lowest validation loss under ``evaluator``.
-
-    The candidates are the ``score`` order, ``interleave`` and ``candidates - 2`` random
-    permutations drawn from ``rng`` (with :func:`order_rng` the first is ``--order random``'s).
-    Each is a "subset" in that order, so any evaluator scores it (the dense one reads the real
-    prompt). Returns the best order (the first of equal losses) and, for the record, the cost
-    (FLOPs, seconds) and every candidate's order name, indices and loss.
-    """
-    if candidates < 2:
-        raise ValueError(f"order candidates={candidates}; expected >= 2 (score, interleave, then random orders)")
-    names = ["score", "interleave"] + ["random"] * (candidates - 2)
-    orders = [arrange(indices, labels, name, rng) for name in names]
-    result = evaluator.evaluate(pool, validation, orders)
-    losses = result.losses
-    best = int(np.argmin(losses))
-    return orders[best], {"chosen": best, "flops": result.cost.flops, "seconds": result.cost.seconds, "candidates": [
-        {"order": name, "indices": list(order), "validation_loss": float(loss)}
-        for name, order, loss in zip(names, orders, losses, strict=True)]}
-
-
 @register("affinity")
 @dataclass
 class AffinitySelector(Selector):
@@ -88,7 +63,8 @@ class AffinitySelector(Selector):
     the candidates near the top-``k`` boundary; ``stratify``: every subset holds the pool's
     labels in the same even shares (:func:`stratified_subsets`) and the ``k`` demonstrations
     are chosen with the same shares (:func:`top_k_per_label`); ``chunk``: subsets per evaluator
-    call (the progress granularity); ``progress(n)`` after every chunk of ``n`` subsets.
+    call (the progress granularity); ``hooks``: progress after every chunk of subsets and, with a
+    ``budget``, the pilot's findings and the plan (``say``) and the subsets in all (``total``).
     """
 
     evaluator: SubsetEvaluator
@@ -99,23 +75,21 @@ class AffinitySelector(Selector):
     eps: float = 0.5
     stratify: bool = False
     chunk: int = 32
-    progress: Callable[[int], None] | None = None
     budget: float | None = None  # seconds: size queries and subsets to `target` reliability (select.budget)
     target: float = RELIABILITY_TARGET
     pilot_queries: int = PILOT_QUERIES
-    say: Callable[[str], None] | None = None  # the pilot's findings and the plan, before the main round
-    on_total: Callable[[int], None] | None = None  # the subset evaluations a budget's plan makes in all
+    hooks: Hooks = Hooks()
     _labels: list[str] | None = field(default=None, init=False, repr=False)  # the pool's, set by select()
 
     @classmethod
-    def from_config(cls, cfg, model, builder, compressor=None, progress=None) -> AffinitySelector:
+    def from_config(cls, cfg, model, builder, compressor=None, hooks=None) -> AffinitySelector:
         """``cfg.evaluator``: ``dense-per-query`` (one full prompt per query), else a
         :class:`CacheEvaluator` of that kind (``compressed`` needs ``compressor``)."""
         evaluator = evaluator_for(cfg, model, builder, compressor)
         budget = None if cfg.budget is None else 60.0 * cfg.budget  # minutes on the command line
         return cls(evaluator, subsets=cfg.subsets, estimator=cfg.estimator, coverage=cfg.coverage,
-                   adaptive=cfg.adaptive, eps=cfg.eps, stratify=cfg.stratify, chunk=cfg.batch, progress=progress,
-                   budget=budget, target=cfg.target_reliability)
+                   adaptive=cfg.adaptive, eps=cfg.eps, stratify=cfg.stratify, chunk=cfg.batch,
+                   budget=budget, target=cfg.target_reliability, hooks=hooks or Hooks())
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
@@ -135,6 +109,9 @@ class AffinitySelector(Selector):
                 raise ValueError(f"target reliability {self.target}: expected a value between 0 and 1")
             if self.pilot_queries < 2:
                 raise ValueError(f"pilot_queries={self.pilot_queries}: a split-half needs at least 2")
+
+    def planned(self, n: int, k: int) -> int:
+        return sum(self.plan(n, k))
 
     def plan(self, n: int, k: int) -> tuple[int, int]:
         """(first-round subsets, second-round subsets); with a budget, the pilot's and 0."""
@@ -232,12 +209,10 @@ class AffinitySelector(Selector):
         record = {"pilot": {"subsets": len(subsets), "queries": q0, "seconds": seconds,
                             "reliability": measured.as_dict()},
                   "plan": plan.as_dict(), "budget_seconds": self.budget, "target": self.target}
-        if self.say is not None:
-            for line in plan_lines(record["pilot"], plan, self.budget, self.target):
-                self.say(line)
+        for line in plan_lines(record["pilot"], plan, self.budget, self.target):
+            self.hooks.say(line)
         more = self._sample(labels, k, plan.subsets - len(subsets), rng)
-        if self.on_total is not None:
-            self.on_total(len(subsets) + len(more) + (len(subsets) if plan.queries != q0 else 0))
+        self.hooks.total(len(subsets) + len(more) + (len(subsets) if plan.queries != q0 else 0))
         if plan.queries == q0:
             result = concat(pilot, self._evaluate(pool, validation[:q0], more)) if more else pilot
         else:  # every subset on the larger query set; the pilot's cost stays counted
@@ -248,10 +223,9 @@ class AffinitySelector(Selector):
         reached = Reliability.measure(result, subsets, n, self.estimate, block)
         record.update(reached=reached.as_dict(), queries=plan.queries, subsets=len(subsets),
                       seconds=time.perf_counter() - t0)
-        if self.say is not None:
-            self.say(f"reached: reliability of the subset losses {_fmt(reached.losses)}, of the candidates' scores "
-                     f"{_fmt(reached.scores)} ({len(subsets)} subsets x {plan.queries} queries, "
-                     f"{record['seconds'] / 60:.1f} min)")
+        self.hooks.say(f"reached: reliability of the subset losses {_fmt(reached.losses)}, of the candidates' scores "
+                       f"{_fmt(reached.scores)} ({len(subsets)} subsets x {plan.queries} queries, "
+                       f"{record['seconds'] / 60:.1f} min)")
         return subsets, result, record
 
     def estimate(self, subsets, losses, n) -> tuple[np.ndarray, np.ndarray]:
@@ -270,8 +244,7 @@ class AffinitySelector(Selector):
         for start in range(0, len(mine), self.chunk):
             idx = mine[start : start + self.chunk]
             parts.append(self.evaluator.evaluate(pool, validation, [subsets[j] for j in idx]))
-            if self.progress is not None:
-                self.progress(len(idx) * world)
+            self.hooks.progress(len(idx) * world)
         local = concat(*parts) if parts else SubsetLosses(np.zeros(0))
         if world == 1:
             return local

@@ -75,26 +75,78 @@ class Selection:
                 "subsets": self.subsets, "unseen": len(self.unseen), **self.details}
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """What a selector tells whoever runs it, while it runs; every hook is optional.
+
+    ``on_say(line)``: its findings and its plan, before a budget is spent; ``on_progress(n)``:
+    ``n`` more evaluations made (subsets, prompts); ``on_total(n)``: the evaluations it makes in
+    all, once known (again when a plan changes it). A selector calls them through :meth:`say`,
+    :meth:`progress` and :meth:`total`, so it never checks which were given."""
+
+    on_say: Callable[[str], None] | None = None
+    on_progress: Callable[[int], None] | None = None
+    on_total: Callable[[int], None] | None = None
+
+    def say(self, line: str) -> None:
+        if self.on_say is not None:
+            self.on_say(line)
+
+    def progress(self, n: int) -> None:
+        if self.on_progress is not None:
+            self.on_progress(n)
+
+    def total(self, n: int) -> None:
+        if self.on_total is not None:
+            self.on_total(n)
+
+
 class Selector:
     """Override :meth:`select`; register the class with :func:`register`.
 
     That is the whole contract: ``icl-ssm select --method NAME`` and ``icl-ssm run --methods``
     find a registered selector by its name and build it with :meth:`from_config`, which a
-    selector that needs the model (or more of the run's settings) overrides."""
+    selector that needs the model (or more of the run's settings) overrides. The driver knows
+    no concrete selector; what it needs to know of one it asks here: :meth:`planned` (the
+    evaluations known before it starts), :attr:`balances_labels` (its prompts share out the
+    labels themselves, so a per-label quota leaves them alone) and :meth:`findings` (what of
+    its ``details`` the run's summary keeps). It reports through :attr:`hooks`."""
 
     name: ClassVar[str] = ""
+    balances_labels: ClassVar[bool] = False
+    hooks: Hooks = Hooks()  # the instance's, set by from_config (a dataclass selector declares it as a field)
 
     @classmethod
     def from_config(cls, cfg: Any, model: Any, builder: Any, compressor: Any = None,
-                    progress: Callable[[int], None] | None = None) -> Selector:
+                    hooks: Hooks | None = None) -> Selector:
         """The selector for a run's settings ``cfg`` (a :class:`~icl_ssm.select.config.SelectConfig`),
-        wired to ``model`` and its prompt ``builder`` (and a compressor, where one is used);
-        ``progress`` is called with the number of subsets evaluated. Default: ``cls()``."""
-        return cls()
+        wired to ``model`` and its prompt ``builder`` (and a compressor, where one is used) and
+        reporting through ``hooks``. Default: ``cls()`` with the hooks."""
+        selector = cls()
+        selector.hooks = hooks or Hooks()
+        return selector
 
     def select(self, pool: Sequence[Example], validation: Sequence[Example], k: int,
                rng: np.random.Generator) -> Selection:
         raise NotImplementedError  # abstract: every registered selector overrides it
+
+    def planned(self, n: int, k: int) -> int:
+        """The evaluations :meth:`select` makes on a pool of ``n`` for ``k``, as known before it
+        starts (a budget's pilot only: the rest comes through ``hooks.total``); 0: none."""
+        return 0
+
+    def findings(self, details: dict[str, Any]) -> dict[str, Any]:
+        """What of a selection's ``details`` the run's summary keeps: by default the reliability
+        findings and the budget (:data:`FINDINGS`); a selector whose details are its record (the
+        search's plan, screen and rungs) keeps them all."""
+        kept = {key: details[key] for key in FINDINGS if key in details}
+        if "budget" in details:
+            kept.update(budget=details["budget"], queries_used=details["budget"]["queries"])
+        return kept
+
+
+# a selection's findings every summary keeps: how reliable its scores were and what would do
+FINDINGS = ("min_coverage", "split_half", "reliability", "queries_needed", "score_split_half", "score_reliability")
 
 
 SELECTORS: dict[str, type[Selector]] = {}

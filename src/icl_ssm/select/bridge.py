@@ -25,14 +25,14 @@ paper's "BRIDGE + Algorithm 1" rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 from scipy.special import ndtr
 
-from icl_ssm.select.base import Selection, Selector, register, validate_selection_inputs
+from icl_ssm.select.base import Hooks, Selection, Selector, register, validate_selection_inputs
 from icl_ssm.select.evaluators import SubsetEvaluator, concat, evaluator_for
 from icl_ssm.select.sampling import balanced_subsets, subsets_for
 
@@ -140,7 +140,7 @@ class BridgeSelector(Selector):
     initial: float = 0.5
     batch: int = 8
     candidates: int = 256
-    progress: Callable[[int], None] | None = None
+    hooks: Hooks = Hooks()
 
     def __post_init__(self) -> None:
         if self.subsets is not None and self.subsets < 2:
@@ -151,14 +151,17 @@ class BridgeSelector(Selector):
             raise ValueError(f"batch={self.batch}, candidates={self.candidates}: expected 1 <= batch <= candidates")
 
     @classmethod
-    def from_config(cls, cfg, model, builder, compressor=None, progress=None) -> BridgeSelector:
+    def from_config(cls, cfg, model, builder, compressor=None, hooks=None) -> BridgeSelector:
         """``cfg.evaluator`` as affinity reads it: compressed caches (BRIDGE + Algorithm 1), dense ones,
         or one dense prompt per query."""
         return cls(evaluator_for(cfg, model, builder, compressor), subsets=cfg.subsets, batch=cfg.batch,
-                   progress=progress)
+                   hooks=hooks or Hooks())
 
     def plan(self, n: int, k: int) -> int:
         return self.subsets or subsets_for(n, k)
+
+    def planned(self, n: int, k: int) -> int:
+        return self.plan(n, k)
 
     def select(self, pool, validation, k, rng):
         validate_selection_inputs(pool, validation, k)
@@ -168,8 +171,7 @@ class BridgeSelector(Selector):
         scored = [tuple(sorted(s)) for s in balanced_subsets(n, k, first, rng)]
         parts = [self.evaluator.evaluate(pool, validation, scored)]
         losses = parts[0].losses.astype(np.float64)
-        if self.progress:
-            self.progress(len(scored))
+        self.hooks.progress(len(scored))
         rounds = []
         while len(scored) < total:
             gp = fit_gp(membership(scored, n), losses, k)
@@ -186,8 +188,7 @@ class BridgeSelector(Selector):
             scored += chosen
             parts.append(part)
             losses = np.concatenate([losses, part.losses])
-            if self.progress:
-                self.progress(len(chosen))
+            self.hooks.progress(len(chosen))
         result = concat(*parts) if len(parts) > 1 else parts[0]
         pick = scored[int(np.argmin(losses))]
         gp = fit_gp(membership(scored, n), losses, k)

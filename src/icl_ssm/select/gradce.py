@@ -94,7 +94,7 @@ class GradCESelector(Selector):
         validate_positive_sizes(prefilter=self.prefilter, batch=self.batch)
 
     @classmethod
-    def from_config(cls, cfg, model, builder, compressor=None, progress=None) -> GradCESelector:
+    def from_config(cls, cfg, model, builder, compressor=None, hooks=None) -> GradCESelector:
         return cls(model, builder)
 
     def gradient(self, demos: Sequence[Example], validation: Sequence[Example]) -> tuple[float, Tensor]:

@@ -15,7 +15,7 @@ says what it warns about.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,20 +26,27 @@ from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.data.splits import Splits, label_warning, split
 from icl_ssm.data.tasks import Example, Task, get_task
 from icl_ssm.lm.prompts import PromptBuilder
-from icl_ssm.select.affinity import AffinitySelector, search_order
-from icl_ssm.select.base import SELECTORS, Selection, Selector, arrange, order_rng, per_label, validate_selection_inputs
-from icl_ssm.select.bridge import BridgeSelector
+from icl_ssm.select.base import (
+    SELECTORS,
+    Hooks,
+    Selection,
+    Selector,
+    arrange,
+    order_rng,
+    per_label,
+    validate_selection_inputs,
+)
 from icl_ssm.select.config import EVALUATED, SelectConfig, selection_queries
 from icl_ssm.select.evaluate import calibrate_prompt, evaluate_calibrated, evaluate_selection
 from icl_ssm.select.evaluators import CacheEvaluator
+from icl_ssm.select.order import search_order
 from icl_ssm.select.per_query import per_query_selection
-from icl_ssm.select.search import PromptSearch
 
 
 def make_selector(cfg: SelectConfig, model, builder: PromptBuilder, compressor: SSMCompressor | None = None,
-                  progress: Callable[[int], None] | None = None) -> Selector:
+                  hooks: Hooks | None = None) -> Selector:
     """The selector ``cfg.method`` names in the registry, built by its ``from_config``."""
-    return SELECTORS[cfg.method].from_config(cfg, model, builder, compressor, progress)
+    return SELECTORS[cfg.method].from_config(cfg, model, builder, compressor, hooks or Hooks())
 
 
 @dataclass
@@ -69,34 +76,31 @@ def select_demonstrations(
     compressor: SSMCompressor | None = None,
     *,
     splits: Splits | None = None,
-    on_start: Callable[[int], None] | None = None,
-    progress: Callable[[int], None] | None = None,
-    say: Callable[[str], None] | None = None,
+    hooks: Hooks | None = None,
 ) -> tuple[Selection, dict[str, Any], list[Example]]:
     """Run the selection ``cfg`` describes and evaluate it on the test split.
 
     Returns ``(selection, summary, pool)``; ``selection.indices`` are pool positions in prompt
     order and ``summary`` has the keys of ``--json``. ``splits``: the task's splits when the
     caller made them (else :func:`~icl_ssm.data.splits.split` with ``cfg``'s sizes).
-    ``on_start(total_subsets)`` once the affinity budget is known (0 for baselines; with
-    ``cfg.budget``, the pilot's and again once the plan is made); ``progress(n)`` after every
-    ``n`` subsets evaluated; ``say(line)`` the pilot's findings and the plan before the main
-    round is spent.
+    ``hooks`` (:class:`~icl_ssm.select.base.Hooks`): ``total`` the evaluations planned, before
+    the selector starts (0 for the baselines; with a budget the pilot's, and again once the plan
+    is made); ``progress(n)`` after every ``n`` evaluated; ``say(line)`` the pilot's findings
+    and the plan before the main round is spent.
     """
     cfg.validate()
     if cfg.calibrate != "none" and cfg.method == "search" and not cfg.search_calibrations:
         cfg = replace(cfg, search_calibrations=("none", "batch") if cfg.calibrate == "search" else ("batch",))
     run = _resolve(cfg, model, tokenizer, splits)
-    selector = make_selector(cfg, model, run.builder, compressor, progress)
-    _listen(selector, say, on_start)
+    hooks = hooks or Hooks()
+    selector = make_selector(cfg, model, run.builder, compressor, hooks)
     _check_pool(run)
-    if on_start is not None:
-        on_start(_planned(selector, len(run.pool), cfg.k))
+    hooks.total(selector.planned(len(run.pool), cfg.k))
     selection, wall, searched = _choose(run, selector)
     result = evaluate_selection(model, run.builder, selection.examples(run.pool), run.test, loss=cfg.loss,
                                 query_batch=cfg.query_batch)
     orders = order_accuracies(model, run.builder, run.pool, selection.indices, run.test, cfg, result["accuracy"])
-    summary = _summary(run, selection, result, wall, orders, searched, isinstance(selector, PromptSearch))
+    summary = _summary(run, selection, result, wall, orders, searched, selector)
     if cfg.calibrate != "none" and run.task.kind == "classification":  # its bias on the validation inputs read
         summary.update(_calibrated(run, selection, summary))
     return selection, summary, list(run.pool)
@@ -119,22 +123,6 @@ def _resolve(cfg: SelectConfig, model, tokenizer, splits: Splits | None) -> _Run
     return _Run(cfg, model, task, builder, splits, validation, test, notes)
 
 
-def _listen(selector: Selector, say: Callable[[str], None] | None,
-            on_total: Callable[[int], None] | None) -> None:
-    """Hand the selectors that plan a budget (affinity, the search) the run's ``say`` and
-    ``on_total``: the pilot's findings, the plan and the evaluations it makes in all."""
-    if isinstance(selector, AffinitySelector | PromptSearch):
-        selector.say, selector.on_total = say, on_total
-
-
-def _planned(selector: Selector, n: int, k: int) -> int:
-    """The subset evaluations ``selector`` makes on a pool of ``n`` for ``k``, as known before it
-    starts (a budget's pilot only); 0 for the selectors that evaluate no subsets."""
-    if isinstance(selector, AffinitySelector):
-        return sum(selector.plan(n, k))
-    return selector.plan(n, k) if isinstance(selector, BridgeSelector) else 0
-
-
 def _check_pool(run: _Run) -> None:
     """Refuse a pool and validation set no selection of ``k`` can use, and a per-label quota
     over more labels than ``k`` places."""
@@ -153,7 +141,7 @@ def _choose(run: _Run, selector: Selector) -> tuple[Selection, float, dict[str, 
     cfg, pool = run.cfg, run.pool
     t0 = time.perf_counter()
     selection = selector.select(pool, run.validation, cfg.k, np.random.default_rng(cfg.seed))
-    if cfg.per_label and not isinstance(selector, PromptSearch):  # the search's balanced prompts are its own
+    if cfg.per_label and not selector.balances_labels:
         selection = per_label(selection, pool)
     wall = time.perf_counter() - t0
     labels = [pool[i].target for i in selection.indices]
@@ -168,14 +156,11 @@ def _choose(run: _Run, selector: Selector) -> tuple[Selection, float, dict[str, 
     return selection, wall, searched
 
 
-_FINDINGS = ("min_coverage", "split_half", "reliability", "queries_needed", "score_split_half", "score_reliability")
-
-
 def _summary(run: _Run, selection: Selection, result: dict[str, Any], wall: float, orders: dict[str, Any] | None,
-             searched: dict[str, Any] | None, search: bool) -> dict[str, Any]:
+             searched: dict[str, Any] | None, selector: Selector) -> dict[str, Any]:
     """The ``--json`` summary of a chosen prompt: what was chosen, its test score (``result``) and
-    the ``orders`` it was also scored in, what it cost, the selector's findings and, for the
-    ``search``, its plan, screen and rungs."""
+    the ``orders`` it was also scored in, what it cost, and the selector's findings
+    (:meth:`~icl_ssm.select.base.Selector.findings`: the search's plan, screen and rungs)."""
     cfg, pool, details = run.cfg, run.pool, selection.details
     summary = {
         "method": cfg.method, "k": cfg.k, "indices": selection.indices, "notes": run.notes,
@@ -195,15 +180,9 @@ def _summary(run: _Run, selection: Selection, result: dict[str, Any], wall: floa
     if len(kinds) <= cfg.k:  # a task with a few labels: how the chosen ones share them
         labels = [pool[i].target for i in selection.indices]
         summary["labels"] = {y: labels.count(y) for y in sorted(kinds)}
-    if "budget" in details:
-        summary["budget"] = details["budget"]
-        summary["queries_used"] = details["budget"]["queries"]
-    summary.update({key: details[key] for key in _FINDINGS if key in details})
     if searched is not None:
         summary["order_search"] = searched
-    if search:  # its plan, screen, rungs and order search, for the report
-        summary.update({key: value for key, value in details.items() if key != "order_search"},
-                       order_search=details.get("order_search"))
+    summary.update(selector.findings(details))
     return summary
 
 

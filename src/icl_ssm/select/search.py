@@ -26,7 +26,7 @@ Without a screen (``screen=None``) random candidates go straight into the confir
 search over whole prompts, the baseline every screen has to beat at equal time.
 
 The time is split by :func:`~icl_ssm.select.search_plan.plan_search` from a short timing pilot and
-printed before it is spent (``say``); every phase stops at its own deadline, so the whole search
+printed before it is spent (``hooks.say``); every phase stops at its own deadline, so the whole search
 ends within the budget up to one evaluator call. A machine that slows after the pilot (another job
 on the cores) stretches every evaluation: the confirmation measures how much slower its rungs run
 than the pilot's rates and stops before a rung that would end past its share (the best of the
@@ -43,7 +43,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -51,11 +51,11 @@ from icl_ssm.calibrate.losses import SEARCHED
 from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.stats import spearman
-from icl_ssm.select.affinity import search_order
-from icl_ssm.select.base import Selection, Selector, register, validate_selection_inputs
+from icl_ssm.select.base import Hooks, Selection, Selector, register, validate_selection_inputs
 from icl_ssm.select.calibrated import CalibratedEvaluator
 from icl_ssm.select.estimators import mean_affinity
 from icl_ssm.select.evaluators import SubsetEvaluator
+from icl_ssm.select.order import search_order
 from icl_ssm.select.sampling import label_quotas
 from icl_ssm.select.search_candidates import SOURCES as SOURCES  # re-exported, as is key: callers import them here
 from icl_ssm.select.search_candidates import Arm, affinity_prompts, swap_prompts
@@ -118,7 +118,7 @@ class PromptSearch(Selector):
     validation set passed to :meth:`select` must hold at least the larger of the two);
     ``labels``: the task's answer set when it is a fixed label set (enables the label-balanced
     sources and query balance), else empty; ``seeds``: named prompts to screen beside the
-    generated ones. ``say`` gets the plan before the budget is spent and a line per phase.
+    generated ones. ``hooks.say`` gets the plan before the budget is spent and a line per phase.
     ``calibrations`` (classification; from :data:`~icl_ssm.select.calibrated.SEARCHED`): every
     prompt is scored with each calibration from the same label scores, as the label-balanced
     cross-entropy over the label set (:func:`~icl_ssm.select.calibrated.calibrated_losses`), and
@@ -138,11 +138,10 @@ class PromptSearch(Selector):
     swap_share: float = 0.3  # of the screened prompts: swaps around the best so far
     calibrations: tuple[str, ...] = ()
     screen_name: str = "compressed"
-    say: Callable[[str], None] | None = None
-    progress: Callable[[int], None] | None = None
-    on_total: Callable[[int], None] | None = None
+    hooks: Hooks = Hooks()
     clock: Callable[[], float] = time.perf_counter
     _spent: list[Cost] = field(default_factory=list, init=False, repr=False)  # every evaluator call's cost
+    balances_labels: ClassVar[bool] = True  # its label-balanced prompts are its own: no per-label quota over them
 
     def __post_init__(self) -> None:
         if not self.budget > 0:
@@ -159,7 +158,7 @@ class PromptSearch(Selector):
             raise ValueError("search calibrations shift label scores: they need a classification task's labels")
 
     @classmethod
-    def from_config(cls, cfg, model, builder, compressor=None, progress=None) -> PromptSearch:
+    def from_config(cls, cfg, model, builder, compressor=None, hooks=None) -> PromptSearch:
         """``cfg.screen``: ``compressed`` (``compressor``'s caches), ``dense`` or ``none``; the
         confirmation and the order search on dense caches; label balance where the task has labels."""
         from icl_ssm.select.evaluators import CacheEvaluator
@@ -180,12 +179,13 @@ class PromptSearch(Selector):
         return cls(confirm=dense, screen=screen, budget=60.0 * cfg.search_minutes,
                    screen_queries=cfg.screen_queries, confirm_queries=cfg.confirm_queries,
                    order_candidates=cfg.order_candidates, labels=labels, screen_name=cfg.screen,
-                   seeds=dict(cfg.seeds), progress=progress,
+                   seeds=dict(cfg.seeds), hooks=hooks or Hooks(),
                    calibrations=tuple(cfg.search_calibrations) if labels else ())
 
-    def _say(self, line: str) -> None:
-        if self.say is not None:
-            self.say(line)
+    def findings(self, details: dict[str, Any]) -> dict[str, Any]:
+        """All of the search's details (its plan, screen, rungs and order search) are its record."""
+        return {**super().findings(details), **{key: value for key, value in details.items() if key != "order_search"},
+                "order_search": details.get("order_search")}
 
     @property
     def _screen_label(self) -> str:
@@ -221,7 +221,7 @@ class PromptSearch(Selector):
         validation = [validation[i] for i in balanced_order(validation, self.labels)]
         run = SearchRun(pool, validation, k, rng, start, confirm=self.confirm, screen=self.screen,
                         screen_queries=self.screen_queries, labels=self.labels, calibrations=self.calibrations,
-                        clock=self.clock, progress=self.progress, spent=self._spent)
+                        clock=self.clock, progress=self.hooks.progress, spent=self._spent)
         if self.labels:
             label_quotas(run.pool_labels, k)  # refuses a pool that cannot fill a balanced prompt
         return run
@@ -240,15 +240,14 @@ class PromptSearch(Selector):
 
     def _plan(self, run: SearchRun, pilot: _Pilot) -> SearchPlan:
         """Split the budget the pilot left (:func:`~icl_ssm.select.search_plan.plan_search`), say
-        the plan, and hand ``on_total`` the prompt evaluations in all."""
+        the plan, and hand ``hooks.total`` the prompt evaluations in all."""
         plan = plan_search(max(self.budget - run.phases["pilot"], 1e-3), screen_per_prompt=pilot.screen_each,
                            prefix=pilot.prefix, per_query=pilot.per_query, confirm_queries=self.confirm_queries,
                            order_candidates=self.order_candidates, max_arms=MAX_ARMS if self.screen else 16 * MAX_ARMS)
         for line in plan_lines(plan, self.budget, self._screen_label):
-            self._say(line)
-        if self.on_total is not None:  # prompt evaluations in all, for a progress bar
-            self.on_total(len(pilot.first) * (2 + (self.screen is not None)) + plan.screened
-                          + sum(a for a, _ in plan.rungs) + plan.orders)
+            self.hooks.say(line)
+        self.hooks.total(len(pilot.first) * (2 + (self.screen is not None)) + plan.screened
+                         + sum(a for a, _ in plan.rungs) + plan.orders)
         return plan
 
     def _screen_phase(self, run: SearchRun, plan: SearchPlan, first: list[Arm]) -> list[Arm]:
@@ -294,7 +293,7 @@ class PromptSearch(Selector):
             ranked[:arms_in], rungs_for(len(ranked[:arms_in]), top_q), pilot.prefix, pilot.per_query,
             confirm_end=run.start + self.budget - plan.seconds["order"])
         if stopped:
-            self._say(f"search: {stopped}")
+            self.hooks.say(f"search: {stopped}")
         top_q = rung_log[-1]["queries"]
         winner = contenders[0]
         run.phases["confirm"] = self.clock() - t0
@@ -308,7 +307,7 @@ class PromptSearch(Selector):
 
     def _order_phase(self, run: SearchRun, plan: SearchPlan, pilot: _Pilot,
                      confirmed: _Confirmed) -> tuple[list[int], dict[str, Any] | None]:
-        """The winner's best order (:func:`~icl_ssm.select.affinity.search_order`) on the
+        """The winner's best order (:func:`~icl_ssm.select.order.search_order`) on the
         confirmation's queries, as many orders as the time left holds at the confirmation's pace
         (none below two: the winner's own order stands). Returns (indices, the order log or None)."""
         winner, top_q = confirmed.winner, confirmed.queries

@@ -59,7 +59,7 @@ class TopKSelector(Selector):
         validate_positive_sizes(batch=self.batch)
 
     @classmethod
-    def from_config(cls, cfg, model, builder, compressor=None, progress=None) -> TopKSelector:
+    def from_config(cls, cfg, model, builder, compressor=None, hooks=None) -> TopKSelector:
         return cls(model, builder)
 
     def similarity(self, pool: Sequence[Example], validation: Sequence[Example]) -> tuple[np.ndarray, int]:
