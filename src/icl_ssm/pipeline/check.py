@@ -8,22 +8,22 @@ from dataclasses import asdict
 import numpy as np
 
 from icl_ssm.calibrate import no_calibration
-from icl_ssm.data.splits import Splits
-from icl_ssm.data.tasks import get_task
-from icl_ssm.lm.prompts import PromptBuilder
-from icl_ssm.pipeline.config import QUICK, RunConfig, held_out_start
-from icl_ssm.pipeline.stages import Stages, say, stage_key
+from icl_ssm.pipeline.config import QUICK, held_out_start
+from icl_ssm.pipeline.context import Run
+from icl_ssm.pipeline.stages import say, stage_key
 from icl_ssm.select.check import CALIBRATED, ZERO_SHOT, check_prompts, hand_over
 from icl_ssm.select.evaluate import calibrate_prompt, evaluate_calibrated, evaluate_selection
 
 
-def pick_calibration(cfg: RunConfig, selection: dict, model, builder: PromptBuilder, demos, inputs):
-    """A pick's calibration, estimated on ``inputs``: the search's winner keeps the calibration it
-    won with (with ``--calibrate search``); every other pick is batch-calibrated."""
+def pick_calibration(run: Run, selection: dict):
+    """A pick's calibration, estimated on the inputs selection read (:attr:`Run.read`, labels
+    unread): the search's winner keeps the calibration it won with (with ``--calibrate search``);
+    every other pick is batch-calibrated."""
     method = selection.get("calibration") if selection.get("calibrations") else "batch"
     method = method or "none"
-    return None if method == "none" else calibrate_prompt(model, builder, demos, method, inputs,
-                                                          query_batch=cfg.query_batch)
+    demos = [run.splits.pool[i] for i in selection["indices"]]
+    return None if method == "none" else calibrate_prompt(run.model, run.builder, demos, method, run.read,
+                                                          query_batch=run.cfg.query_batch)
 
 
 def calibration_summary(handed: dict, randoms: list[dict], zero: dict, test_size: int) -> dict:
@@ -47,34 +47,33 @@ def preferred_pick(selections: dict[str, dict]) -> str:
     return next((m for m in ("search", QUICK, "affinity") if m in selections), next(iter(selections)))
 
 
-def random_test_accuracies(cfg: RunConfig, randoms: list[dict], model, builder: PromptBuilder, pool, test,
-                           calibrate: bool) -> None:
-    """Each random prompt's ``test_accuracy`` on ``test`` (the spread a user meets without
+def random_test_accuracies(run: Run, randoms: list[dict], calibrate: bool) -> None:
+    """Each random prompt's ``test_accuracy`` on the test split (the spread a user meets without
     selection), raw; with ``calibrate`` also its ``calibrated_test_accuracy``, batch-calibrated on
     the test inputs (what calibrating a random prompt gives). ``randoms``: the check's rows, updated."""
     for row in randoms:
-        demos = [pool[i] for i in row["indices"]]
+        demos = [run.splits.pool[i] for i in row["indices"]]
         if calibrate:
-            scored = evaluate_calibrated(model, builder, demos, test, query_batch=cfg.query_batch)
+            scored = evaluate_calibrated(run.model, run.builder, demos, run.test, query_batch=run.cfg.query_batch)
             row["test_accuracy"], row["calibrated_test_accuracy"] = scored["raw_accuracy"], scored["accuracy"]
         else:
-            row["test_accuracy"] = evaluate_selection(model, builder, demos, test,
-                                                      query_batch=cfg.query_batch)["accuracy"]
+            row["test_accuracy"] = evaluate_selection(run.model, run.builder, demos, run.test,
+                                                      query_batch=run.cfg.query_batch)["accuracy"]
 
 
-def calibrated_hand_over(cfg: RunConfig, handed: dict, calibrations: dict, model, builder: PromptBuilder, pool, test,
-                         read, labels) -> None:
+def calibrated_hand_over(run: Run, handed: dict, calibrations: dict) -> None:
     """The handed-over prompt's ``calibration`` and its ``test_accuracy`` as handed over (with that
     calibration) and raw (``raw_test_accuracy``), into ``handed``: a pick keeps its own calibration
-    (``calibrations``); a calibrated random prompt or zero-shot is batch-calibrated on ``read``, the
-    inputs selection read."""
+    (``calibrations``); a calibrated random prompt or zero-shot is batch-calibrated on the inputs
+    selection read."""
     name = handed["name"]
     chosen = calibrations.get(name)
+    demos = [run.splits.pool[i] for i in handed["indices"]]
     if name.startswith(CALIBRATED):  # a calibrated random prompt or zero-shot: its bias on the inputs read
-        chosen = calibrate_prompt(model, builder, [pool[i] for i in handed["indices"]], "batch", read)
+        chosen = calibrate_prompt(run.model, run.builder, demos, "batch", run.read)
     handed["calibration"] = None if chosen is None else chosen.to_dict()
-    scored = evaluate_calibrated(model, builder, [pool[i] for i in handed["indices"]], test,
-                                 chosen or no_calibration(labels), query_batch=cfg.query_batch)
+    scored = evaluate_calibrated(run.model, run.builder, demos, run.test, chosen or no_calibration(run.task.labels),
+                                 query_batch=run.cfg.query_batch)
     handed["test_accuracy"], handed["raw_test_accuracy"] = scored["accuracy"], scored["raw_accuracy"]
 
 
@@ -88,8 +87,7 @@ def raw_test_accuracy(name: str, selections: dict[str, dict], zero: float, rando
     return randoms[int(name.split("-")[1])]["test_accuracy"]
 
 
-def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], splits: Splits, model,
-                tokenizer) -> dict:
+def check_stage(run: Run, selections: dict[str, dict]) -> dict:
     """Every method's pick, zero-shot and ``cfg.random_prompts`` random prompts (drawn under the
     run's ``--per-label`` and ``--order`` rules) on held-out validation examples (those after the
     ones selection read), then which prompt to hand over and why
@@ -99,15 +97,13 @@ def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], spl
     # the search screened and confirmed the other picks already: only its own is checked beside random prompts
     names = [preferred] if preferred in ("search", QUICK) else list(selections)
     candidates = {name: selections[name]["indices"] for name in names}
+    cfg, stages, splits, test = run.cfg, run.stages, run.splits, run.test
     key = stage_key([candidates, asdict(cfg), "check-v3"])
     done = stages.get("check", key)
     if done is not None:
         say("check: done before, skipped")
         return done
-    task = get_task(cfg.task, **cfg.task_options)
-    builder = PromptBuilder.for_model(model, tokenizer, task)
-    test = splits.test[: cfg.test_size]
-    zero = evaluate_selection(model, builder, [], test, query_batch=cfg.query_batch)["accuracy"]
+    zero = evaluate_selection(run.model, run.builder, [], test, query_batch=cfg.query_batch)["accuracy"]
     start = held_out_start(cfg)
     held_out = splits.validation[start: start + cfg.check_size]
     if not held_out:
@@ -118,19 +114,17 @@ def check_stage(cfg: RunConfig, stages: Stages, selections: dict[str, dict], spl
         say(f"warning: only {len(held_out)} validation examples are left for the check (--check-size "
             f"{cfg.check_size}); it can tell only large differences apart")
     labels = [e.target for e in splits.pool] if cfg.per_label else None
-    calibrate = cfg.calibrate != "none" and task.kind == "classification"
-    read = splits.validation[:start]  # a calibration's inputs: those selection read (labels unread)
-    calibrations = {name: pick_calibration(cfg, selections[name], model, builder, [splits.pool[i] for i in ix], read)
-                    for name, ix in candidates.items()} if calibrate else {}
-    result = check_prompts(model, builder, splits.pool, held_out, candidates, cfg.k,
+    calibrate = cfg.calibrate != "none" and run.classification
+    calibrations = {name: pick_calibration(run, selections[name]) for name in candidates} if calibrate else {}
+    result = check_prompts(run.model, run.builder, splits.pool, held_out, candidates, cfg.k,
                            np.random.default_rng([cfg.seed, 1]), random_count=cfg.random_prompts,
                            query_batch=cfg.query_batch, labels=labels, order=cfg.order, calibrations=calibrations,
                            calibrated_alternatives=calibrate)
     handed = hand_over(result, preferred, keep=cfg.keep_selection)
-    random_test_accuracies(cfg, result["random"], model, builder, splits.pool, test, calibrate)
+    random_test_accuracies(run, result["random"], calibrate)
     if calibrate:
-        calibrated_hand_over(cfg, handed, calibrations, model, builder, splits.pool, test, read, task.labels)
-        zero_cal = evaluate_calibrated(model, builder, [], test, query_batch=cfg.query_batch)
+        calibrated_hand_over(run, handed, calibrations)
+        zero_cal = evaluate_calibrated(run.model, run.builder, [], test, query_batch=cfg.query_batch)
         result["calibrated"] = calibration_summary(handed, result["random"], zero_cal, len(test))
     else:
         handed["test_accuracy"] = raw_test_accuracy(handed["name"], selections, zero, result["random"])

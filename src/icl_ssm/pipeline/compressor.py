@@ -4,8 +4,9 @@ evaluator the fidelity verdict chooses."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from icl_ssm.compress.compressor import load_compressor
 from icl_ssm.compress.pretrained import find_pretrained
@@ -14,59 +15,112 @@ from icl_ssm.distill.run import train_compressor
 from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
 from icl_ssm.evaluate.verdict import failed_checks, fidelity_verdict
 from icl_ssm.pipeline.config import RunConfig
-from icl_ssm.pipeline.stages import Stages, say, stage_bar, stage_key
+from icl_ssm.pipeline.context import Run
+from icl_ssm.pipeline.stages import say, stage_bar, stage_key
 from icl_ssm.select.config import EVALUATED
 
+SOURCES = ("given", "shipped", "distilled", "none", "unused")  # where a run's compressor came from
 
-def resolve_compressor(cfg: RunConfig, out: Path, stages: Stages) -> dict:
-    """Stage 1: which compressor (and control) to use: the one given, else the one shipped for the
-    model and task, else one distilled with ``--distill``, else none (``{"compressor": None}``):
-    the evaluators then use dense caches and the search runs without a screen."""
+
+@dataclass(frozen=True)
+class CompressorChoice:
+    """The compressor stage's result: the compressor directory (None: dense caches), its control,
+    where it came from (:data:`SOURCES`; ``unused``: there was one, but no method asked reads it),
+    and the shipped one's recipe or the distilled one's settings."""
+
+    compressor: str | None
+    control: str | None
+    source: str
+    recipe: dict | None = None
+    distill: dict | None = None
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> CompressorChoice:
+        return cls(**{key: record.get(key) for key in ("compressor", "control", "source", "recipe", "distill")})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report's ``compressor``: recipe and distill settings only where there are any."""
+        return {key: value for key, value in asdict(self).items()
+                if value is not None or key in ("compressor", "control")}
+
+    def load(self, config: Any = None) -> Any:
+        """The compressor, on ``config``'s model (None without one)."""
+        return None if self.compressor is None else load_compressor(self.compressor, config)
+
+
+def choose_compressor(run: Run) -> CompressorChoice:
+    """Stage 1 (:func:`resolve_compressor`), and ``unused`` where there is a compressor but no
+    method ``run.cfg`` asks for reads it (:func:`uses_compressor`): its fidelity is then not measured."""
+    comp = resolve_compressor(run)
+    if comp.compressor is not None and not uses_compressor(run.cfg):
+        say(f"the {comp.source} compressor is not used and its fidelity not measured: no method asked reads "
+            "it (affinity, bridge, or --screen auto or compressed)")
+        return CompressorChoice(None, None, "unused")
+    return comp
+
+
+def resolve_compressor(run: Run) -> CompressorChoice:
+    """Which compressor (and control) to use: the one given, else the one shipped for the model
+    and task, else one distilled with ``--distill``, else none: the evaluators then use dense
+    caches and the search runs without a screen."""
+    cfg = run.cfg
     if cfg.compressor:
         load_compressor(cfg.compressor)  # a clear error now rather than after the other stages
-        return {"compressor": str(Path(cfg.compressor).resolve()), "control": cfg.control, "source": "given"}
+        return CompressorChoice(str(Path(cfg.compressor).resolve()), cfg.control, "given")
     shipped = None if cfg.distill else find_pretrained(cfg.model, cfg.task, cfg.k)
     if shipped is not None:
         control = shipped / "control"
         recipe = json.loads((shipped / "recipe.json").read_text())
         say(f"using the compressor shipped for {cfg.model} / {cfg.task} ({shipped.name}, trained at k={recipe['k']})")
-        return {"compressor": str(shipped / "compressor"), "control": cfg.control or
-                (str(control) if control.is_dir() else None), "source": "shipped", "recipe": recipe}
+        control = cfg.control or (str(control) if control.is_dir() else None)
+        return CompressorChoice(str(shipped / "compressor"), control, "shipped", recipe=recipe)
     if not cfg.distill:
         say(f"no compressor is shipped for {cfg.model} / {cfg.task}: selecting on dense caches (a compressor "
             "distilled in a run has not passed its fidelity verdict in any run measured, "
             "docs/research/prompt-search.md; --distill distils one first, --compressor DIR takes one)")
-        return {"compressor": None, "control": None, "source": "none"}
+        return CompressorChoice(None, None, "none")
+    return _distilled(run)
+
+
+def _distilled(run: Run) -> CompressorChoice:
+    """A short distillation into ``OUT/compressor`` with the run's compressor shape (resumed if
+    interrupted; kept as the ``compressor`` stage)."""
+    cfg = run.cfg
     dcfg = DistillConfig(model=cfg.model, tasks=(cfg.task,), k=cfg.k, samples=cfg.distill_samples,
                          seed=cfg.seed, state_size=cfg.state_size, num_virtual=cfg.num_virtual,
                          num_sink=cfg.num_sink, latent_size=cfg.latent_size, num_recent=cfg.num_recent,
                          gate=cfg.gate, stage1_epochs=cfg.distill_epochs, stage2_epochs=cfg.distill_epochs,
                          task_options={cfg.task: cfg.task_options} if cfg.task_options else {})
     key = stage_key(asdict(dcfg))
-    done = stages.get("compressor", key)
+    done = run.stages.get("compressor", key)
     if done is not None and (Path(done["compressor"]) / "model.safetensors").exists():
-        return done
-    target = out / "compressor"
+        return CompressorChoice.from_dict(done)
+    target = run.out / "compressor"
     say(f"distilling a compressor into {target} ({cfg.distill_samples} subsets; --compressor DIR skips this)")
     train_compressor(dcfg, target, resume=(target / "checkpoint").exists())
-    return stages.put("compressor", key, {"compressor": str(target), "control": cfg.control, "source": "distilled",
-                                          "distill": asdict(dcfg)})
+    choice = CompressorChoice(str(target), cfg.control, "distilled", distill=asdict(dcfg))
+    run.stages.put("compressor", key, choice.as_dict())
+    return choice
 
 
-def fidelity_stage(cfg: RunConfig, comp: dict, stages: Stages) -> dict:
-    """Stage 2: the compressor's fidelity on held-out subsets, beside its control when there is one."""
-    fcfg = FidelityConfig(model=cfg.model, task=cfg.task, k=cfg.k, compressor=comp["compressor"],
-                          control=comp.get("control"), subsets=cfg.fidelity_subsets, queries=cfg.fidelity_queries,
+def fidelity_stage(run: Run, comp: CompressorChoice) -> dict | None:
+    """Stage 2: the compressor's fidelity on held-out subsets, beside its control when there is
+    one; None without a compressor."""
+    if comp.compressor is None:
+        return None
+    cfg = run.cfg
+    fcfg = FidelityConfig(model=cfg.model, task=cfg.task, k=cfg.k, compressor=comp.compressor,
+                          control=comp.control, subsets=cfg.fidelity_subsets, queries=cfg.fidelity_queries,
                           seed=cfg.seed, batch=cfg.batch, query_batch=cfg.query_batch,
                           task_options=cfg.task_options)
-    key = stage_key([asdict(fcfg), comp])
-    fidelity = stages.get("fidelity", key)
+    key = stage_key([asdict(fcfg), comp.as_dict()])
+    fidelity = run.stages.get("fidelity", key)
     if fidelity is not None:
         say("fidelity: done before, skipped")
         return fidelity
     with stage_bar("fidelity", "subsets") as (on_start, advance):
         fidelity = run_fidelity(fcfg, on_start=on_start, progress=advance)
-    return stages.put("fidelity", key, fidelity)
+    return run.stages.put("fidelity", key, fidelity)
 
 
 def uses_compressor(cfg: RunConfig) -> bool:
@@ -93,15 +147,14 @@ def choose_evaluator(cfg: RunConfig, fidelity: dict | None, unused: bool = False
                   if unused else
                   "no compressor was given, shipped or distilled, so affinity scores subsets on dense caches")
         return {"evaluator": "dense", "verdict": "dense", "reason": reason, "summary": reason, "checks": []}
-    verdict = fidelity_verdict(fidelity, max_accuracy_drop=cfg.max_accuracy_drop)
-    verdict["verdict"] = verdict["evaluator"]
+    measured = fidelity_verdict(fidelity, max_accuracy_drop=cfg.max_accuracy_drop)
+    verdict = {**measured, "verdict": measured["evaluator"]}
     if verdict.get("summary") and verdict["verdict"] == "compressed":  # a failed verdict is said below, once
         say(verdict["summary"])
     if cfg.evaluator != "auto":
-        verdict["evaluator"] = cfg.evaluator
-        verdict["reason"] = f"--evaluator {cfg.evaluator} was asked for" + (
+        verdict.update(evaluator=cfg.evaluator, reason=f"--evaluator {cfg.evaluator} was asked for" + (
             f"; the fidelity verdict would have chosen {verdict['verdict']}"
-            if verdict["verdict"] != cfg.evaluator else "")
+            if verdict["verdict"] != cfg.evaluator else ""))
     if verdict["verdict"] == "dense":
         if cfg.evaluator == "compressed":
             say(f"warning: the fidelity verdict failed the compressed caches ({failed_checks(verdict['checks'])}); "

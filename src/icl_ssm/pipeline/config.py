@@ -12,7 +12,7 @@ from icl_ssm.distill.config import DistillConfig
 from icl_ssm.evaluate.verdict import VERDICT_EVALUATORS
 from icl_ssm.lm.models import DEFAULT_MODEL
 from icl_ssm.select.base import SELECTORS
-from icl_ssm.select.config import CALIBRATE
+from icl_ssm.select.config import CALIBRATE, SelectConfig
 from icl_ssm.select.evaluators import RELIABILITY_TARGET
 
 DEFAULT_METHODS = ("search", "affinity", "random", "bm25", "topk")
@@ -101,6 +101,15 @@ class RunConfig:
             raise ValueError(f"--search-minutes {self.search_minutes}: expected a positive number of minutes")
         if self.fidelity_subsets < 2:
             raise ValueError(f"--fidelity-subsets {self.fidelity_subsets}: a rank correlation needs >= 2 subsets")
+
+    def select_config(self, compressor: str | None) -> SelectConfig:
+        """The settings every selection stage starts from (each stage sets its method and evaluator)."""
+        return SelectConfig(model=self.model, task=self.task, k=self.k, compressor=compressor,
+                            estimator=self.estimator, subsets=self.subsets, queries=self.queries,
+                            test_size=self.test_size, pool_size=self.pool_size, seed=self.seed, batch=self.batch,
+                            query_batch=self.query_batch, per_label=self.per_label, order=self.order,
+                            task_options=self.task_options, budget=self.budget,
+                            target_reliability=self.target_reliability, test_orders=self.test_orders)
 
 
 def run_splits(cfg: RunConfig, task=None) -> Splits:

@@ -4,16 +4,13 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from pathlib import Path
 
 from icl_ssm import atomic
 from icl_ssm.calibrate import Calibration
-from icl_ssm.data.splits import Splits
-from icl_ssm.data.tasks import get_task
-from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.pipeline.check import preferred_pick
-from icl_ssm.pipeline.config import QUICK, RunConfig, held_out_start
-from icl_ssm.pipeline.stages import Stages
+from icl_ssm.pipeline.compressor import CompressorChoice
+from icl_ssm.pipeline.config import QUICK, held_out_start
+from icl_ssm.pipeline.context import Run
 from icl_ssm.select.check import ZERO_SHOT
 from icl_ssm.select.outputs import selected_rows
 from icl_ssm.select.selected import SelectedPrompt, pool_spec
@@ -54,35 +51,33 @@ def report_rows(selections: dict[str, dict], check: dict | None) -> list[dict]:
     return rows
 
 
-def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict | None, selections: dict[str, dict],
-                  splits: Splits, model, tokenizer, check: dict | None = None, verdict: dict | None = None,
-                  headroom: dict | None = None) -> dict:
+def write_outputs(run: Run, comp: CompressorChoice, fidelity: dict | None, selections: dict[str, dict],
+                  check: dict | None = None, verdict: dict | None = None, headroom: dict | None = None) -> dict:
     """selected.jsonl + prompt.txt (the prompt handed over: the method's pick when it passed the
     check against random prompts, else the best-checked prompt) and the report."""
     from icl_ssm.report.write import write_report
 
-    pool = splits.pool
+    cfg, out, pool = run.cfg, run.out, run.splits.pool
     preferred = (check or {}).get("preferred") or preferred_pick(selections)
     pick = selections[preferred]
     handed = (check or {}).get("handed_over") or {"name": preferred, "indices": pick["indices"]}
     scores = pick.get("scores") if handed["indices"] == pick["indices"] else None
     scores = scores or [None] * len(pool)
     atomic.write_jsonl(out / "selected.jsonl", selected_rows(pool, handed["indices"], scores))
-    task = get_task(cfg.task, **cfg.task_options)
     made = pool_spec(pool, size=cfg.pool_size, seed=cfg.seed, k=cfg.k,
                      min_validation=held_out_start(cfg) + cfg.check_size)
-    handed_over = SelectedPrompt.from_pool(pool, handed["indices"], model=cfg.model, task=task, method=handed["name"],
-                                           task_options=cfg.task_options, pool_made=made, compressor=comp["compressor"],
-                                           fidelity=compressor_fidelity(comp["compressor"], verdict),
-                                           calibration=Calibration.from_dict(handed["calibration"])
-                                           if handed.get("calibration") else None)
+    calibration = Calibration.from_dict(handed["calibration"]) if handed.get("calibration") else None
+    handed_over = SelectedPrompt.from_pool(pool, handed["indices"], model=cfg.model, task=run.task,
+                                           method=handed["name"], task_options=cfg.task_options, pool_made=made,
+                                           compressor=comp.compressor,
+                                           fidelity=compressor_fidelity(comp.compressor, verdict),
+                                           calibration=calibration)
     handed_over.save(out)  # selection.json: what icl-ssm answer loads
-    builder = PromptBuilder.for_model(model, tokenizer, task)
-    atomic.write_text(out / "prompt.txt", builder.build_prefix([pool[i] for i in handed["indices"]]).text)
+    atomic.write_text(out / "prompt.txt", run.builder.build_prefix([pool[i] for i in handed["indices"]]).text)
     search = selections.get("search")
     report = {
         "model": cfg.model, "task": cfg.task, "k": cfg.k, "seed": cfg.seed,
-        "compressor": comp,
+        "compressor": comp.as_dict(),
         "fidelity": None if fidelity is None else {k: v for k, v in fidelity.items() if k not in ("config", "argv")},
         "selections": report_rows(selections, check),
         "affinity_scores": selections["affinity"]["scores"] if "affinity" in selections else None,
@@ -91,7 +86,7 @@ def write_outputs(cfg: RunConfig, out: Path, comp: dict, fidelity: dict | None, 
         "pool_size": len(pool), "run_config": asdict(cfg), "check": check, "handed_over": handed,
         "fidelity_verdict": verdict,
         "search": None if search is None else {key: search.get(key) for key in _SEARCH_KEYS},
-        "headroom": headroom, **Stages(out).provenance(),
+        "headroom": headroom, **run.stages.provenance(),
     }
     write_report(out, report)
     return report

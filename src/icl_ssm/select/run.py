@@ -76,13 +76,15 @@ def select_demonstrations(
     compressor: SSMCompressor | None = None,
     *,
     splits: Splits | None = None,
+    builder: PromptBuilder | None = None,
     hooks: Hooks | None = None,
 ) -> tuple[Selection, dict[str, Any], list[Example]]:
     """Run the selection ``cfg`` describes and evaluate it on the test split.
 
     Returns ``(selection, summary, pool)``; ``selection.indices`` are pool positions in prompt
     order and ``summary`` has the keys of ``--json``. ``splits``: the task's splits when the
-    caller made them (else :func:`~icl_ssm.data.splits.split` with ``cfg``'s sizes).
+    caller made them (else :func:`~icl_ssm.data.splits.split` with ``cfg``'s sizes); ``builder``:
+    the prompt builder when the caller made it (its task is then the run's; else built here).
     ``hooks`` (:class:`~icl_ssm.select.base.Hooks`): ``total`` the evaluations planned, before
     the selector starts (0 for the baselines; with a budget the pilot's, and again once the plan
     is made); ``progress(n)`` after every ``n`` evaluated; ``say(line)`` the pilot's findings
@@ -91,7 +93,7 @@ def select_demonstrations(
     cfg.validate()
     if cfg.calibrate != "none" and cfg.method == "search" and not cfg.search_calibrations:
         cfg = replace(cfg, search_calibrations=("none", "batch") if cfg.calibrate == "search" else ("batch",))
-    run = _resolve(cfg, model, tokenizer, splits)
+    run = _resolve(cfg, model, tokenizer, splits, builder)
     hooks = hooks or Hooks()
     selector = make_selector(cfg, model, run.builder, compressor, hooks)
     _check_pool(run)
@@ -106,10 +108,10 @@ def select_demonstrations(
     return selection, summary, list(run.pool)
 
 
-def _resolve(cfg: SelectConfig, model, tokenizer, splits: Splits | None) -> _Run:
+def _resolve(cfg: SelectConfig, model, tokenizer, splits: Splits | None, builder: PromptBuilder | None) -> _Run:
     """The task, its splits (made here when not given; refused when they hold too few validation
-    queries), the slices the selection reads and the prompt builder."""
-    task = get_task(cfg.task, **cfg.task_options)
+    queries), the slices the selection reads and the prompt builder (the caller's, when given)."""
+    task = get_task(cfg.task, **cfg.task_options) if builder is None else builder.task
     queries = selection_queries(cfg)
     if splits is None:  # a file too small for the default sizes gets splits sized to it (splits.note says so)
         splits = split(task, pool_size=cfg.pool_size, seed=cfg.seed, fit=True, k=cfg.k, min_val_size=queries)
@@ -119,7 +121,7 @@ def _resolve(cfg: SelectConfig, model, tokenizer, splits: Splits | None) -> _Run
     validation, test = splits.validation[:queries], splits.test[: cfg.test_size]
     task_labels = task.labels if task.kind == "classification" else ()
     notes = [n for n in (splits.note, *task.notes(), label_warning(splits.pool, task_labels)) if n]
-    builder = PromptBuilder.for_model(model, tokenizer, task, chat=cfg.chat)
+    builder = builder or PromptBuilder.for_model(model, tokenizer, task, chat=cfg.chat)
     return _Run(cfg, model, task, builder, splits, validation, test, notes)
 
 
