@@ -535,3 +535,18 @@ def test_ids_from_a_users_file_never_steer_where_a_file_is_written(tmp_path, tmp
     assert not (tmp_path.parent / "escape").exists() and not Path("/tmp/absolute-escape").exists()
     selected = json.loads((sel / "selection.json").read_text())
     assert {d["id"] for d in selected["demonstrations"]} <= {r["id"] for r in rows}
+
+
+def test_the_dense_cache_has_one_name_and_the_earlier_one_still_reads():
+    """``--cache dense`` (the default) is the dense prompt's own K/V; ``exact``, its earlier name,
+    reads as ``dense``; anything else is refused with the accepted names."""
+    import argparse
+
+    from icl_ssm.apply.answer import CACHES
+    from icl_ssm.apply.run import AnswerConfig
+    from icl_ssm.cli.answer import cache_name
+
+    assert CACHES == ("dense", "compressed") and AnswerConfig().cache == "dense"
+    assert cache_name("exact") == cache_name("dense") == "dense" and cache_name("compressed") == "compressed"
+    with pytest.raises(argparse.ArgumentTypeError, match="'full'; accepted: dense, compressed"):
+        cache_name("full")

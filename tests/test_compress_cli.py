@@ -26,9 +26,9 @@ def run_json(capsys, *argv):
     return json.loads(capsys.readouterr().out)
 
 
-def test_exact_mode_matches_dense(capsys, demos):
+def test_dense_mode_matches_the_dense_prompt(capsys, demos):
     out = run_json(capsys, "compress", "--model", "tiny-llama", "--demos", str(demos),
-                   "--query", "a great movie", "--exact", "--json")
+                   "--query", "a great movie", "--dense", "--json")
     assert out["max_abs_logit_diff"] < 1e-3
     assert out["answer_compressed"] == out["answer_dense"]
     assert out["cache_tokens"] == out["prompt_tokens"]

@@ -27,7 +27,7 @@ from icl_ssm.data.tasks import TASKS, Example, HubUnavailableError, get_task, no
 
 def test_registry_names_and_interface():
     expected = {
-        "sst2", "rotten_tomatoes", "cr", "mmlu", "poem_sentiment", "gsm8k",
+        "sst2", "rotten_tomatoes", "rotten_tomatoes_foobar", "cr", "mmlu", "poem_sentiment", "gsm8k",
         "coin_flip", "modular_addition", "edge_existence", "jsonl", "csv",
     }  # fmt: skip
     assert set(TASKS) == expected
@@ -109,6 +109,17 @@ def test_rotten_tomatoes_parsing(fake_assets):
     assert len({e.id for e in exs}) == 3
     assert [e.input for e in dedupe(exs)] == ["A triumph.", "Dull,\nand long."]
     assert task.labels == ("negative", "positive")
+
+
+def test_rotten_tomatoes_foobar_renames_only_the_labels(fake_assets):
+    """The same reviews and ids as rotten_tomatoes; rotten -> foo, fresh -> bar; no label word
+    or instruction that names a sentiment."""
+    plain, renamed = get_task("rotten_tomatoes"), get_task("rotten_tomatoes_foobar")
+    rename = {"negative": "foo", "positive": "bar"}
+    assert [(e.id, e.input, rename[e.target]) for e in plain.examples()] == [
+        (e.id, e.input, e.target) for e in renamed.examples()]
+    assert renamed.labels == ("foo", "bar") and renamed.source == plain.source
+    assert "sentiment" not in (renamed.instruction + renamed.output_prefix).lower()
 
 
 def test_cr_parsing(fake_assets):

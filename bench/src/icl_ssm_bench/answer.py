@@ -155,7 +155,7 @@ def run_path(cfg: AnswerBenchConfig, path: str) -> dict[str, Any]:
     else:
         def answer(qs):
             return answer_inputs(model, tokenizer, selected, qs, task=task, batch=cfg.batch,
-                                 cache="exact" if path == "shared-exact" else "compressed", compressor=compressor)
+                                 cache="dense" if path == "shared-exact" else "compressed", compressor=compressor)
     loaded = _peak_mib()  # the model, the data and the prompt, before any answer
     answer(inputs[: cfg.batch])  # warm-up, untimed
     before = _peak_mib()

@@ -2,7 +2,7 @@
 
 The fast path, :func:`iter_answers` (and :func:`answer_inputs`): the header and the
 demonstrations are one prefix, encoded once into a :class:`~icl_ssm.compress.cache.PrefixCache`
-(``cache="exact"``: the model's own K/V, so the answers are the dense prompt's;
+(``cache="dense"``: the model's own K/V, so the answers are the dense prompt's;
 ``"compressed"``: a compressor's sinks and virtual tokens), and each batch of inputs reads only
 its own tokens after it, the batch's inputs packed as segments of one sequence after one copy of
 the cache (:func:`~icl_ssm.evaluate.answers.answer_logits_packed`). Classification scores every
@@ -44,7 +44,7 @@ from icl_ssm.select.per_query import PER_QUERY_METHODS, bm25_prompts, topk_promp
 from icl_ssm.select.selected import SelectedPrompt
 
 FROM_SELECTION = "selection"  # calibration: the one saved with the selection (None: raw scores)
-CACHES = ("exact", "compressed")  # the shared prefix: the model's own K/V, or a compressor's slots
+CACHES = ("dense", "compressed")  # the shared prefix: the model's own K/V, or a compressor's slots
 RETRIEVERS = PER_QUERY_METHODS  # demonstrations retrieved for each input instead of one prompt for all
 
 
@@ -79,7 +79,7 @@ class Answer:
         return row
 
 
-def shared_prefix(model: PreTrainedModel, builder: PromptBuilder, demos: Sequence[Example], cache: str = "exact",
+def shared_prefix(model: PreTrainedModel, builder: PromptBuilder, demos: Sequence[Example], cache: str = "dense",
                   compressor: SSMCompressor | None = None) -> PrefixCache | None:
     """The cache of ``builder.build_prefix(demos)`` (header + demonstrations), one row; None
     when that prefix has no tokens (no BOS, no instruction, no demonstrations)."""
@@ -92,7 +92,7 @@ def shared_prefix(model: PreTrainedModel, builder: PromptBuilder, demos: Sequenc
         return None
     tokens = torch.tensor([ids], device=model.device)  # (1, T)
     with torch.no_grad():
-        return exact_cache(model, tokens) if cache == "exact" else compressed_cache(model, compressor, tokens)
+        return exact_cache(model, tokens) if cache == "dense" else compressed_cache(model, compressor, tokens)
 
 
 def scores_after_prefix(model: PreTrainedModel, builder: PromptBuilder, prefix: PrefixCache | None,
@@ -155,7 +155,7 @@ def iter_answers(
     selected: SelectedPrompt,
     inputs: Sequence[Example],
     *,
-    cache: str = "exact",
+    cache: str = "dense",
     compressor: SSMCompressor | None = None,
     batch: int = 16,
     retriever: str | None = None,
@@ -178,9 +178,9 @@ def iter_answers(
     """
     if batch < 1:
         raise ValueError(f"batch={batch}; expected >= 1")
-    if retriever is not None and cache != "exact":
+    if retriever is not None and cache != "dense":
         raise ValueError(f"retrieval per input ({retriever}) gives every input a prompt of its own, encoded whole; "
-                         f"it shares no prefix to compress (cache={cache!r}): use cache='exact'")
+                         f"it shares no prefix to compress (cache={cache!r}): use cache='dense'")
     task = task or selected.task_object()
     builder = PromptBuilder.for_model(model, tokenizer, task, chat=selected.chat)
     if calibration == FROM_SELECTION:

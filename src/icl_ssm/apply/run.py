@@ -47,7 +47,7 @@ class AnswerConfig:
     inputs: str = ""
     model: str | None = None  # None: the selection's; another model is refused
     task: str | None = None  # only for a selected.jsonl with no configuration beside it
-    cache: str = "exact"  # the shared prefix: CACHES
+    cache: str = "dense"  # the shared prefix: CACHES
     compressor: str | None = None  # cache compressed: default the selection's, else the one shipped
     force: bool = False  # cache compressed with a compressor whose fidelity verdict did not pass
     per_query: str | None = None  # RETRIEVERS: k demonstrations retrieved from the pool for each input
@@ -67,7 +67,7 @@ class AnswerConfig:
             raise ValueError(f"--cache {self.cache!r}; accepted: {', '.join(CACHES)}")
         if self.per_query is not None and self.per_query not in RETRIEVERS:
             raise ValueError(f"--per-query {self.per_query!r}; accepted: {', '.join(RETRIEVERS)}")
-        if self.per_query is not None and self.cache != "exact":
+        if self.per_query is not None and self.cache != "dense":
             raise ValueError(f"--per-query {self.per_query} gives every input a prompt of its own, encoded whole; "
                              f"there is no shared prefix to compress (--cache {self.cache})")
         if self.calibrate not in CALIBRATE:
@@ -304,14 +304,14 @@ def _compressor(cfg: AnswerConfig, selected: SelectedPrompt) -> tuple[str, str]:
         if shipped is None:
             raise ValueError(f"--cache compressed needs a compressor: selection {selected.where()} read none and none "
                              f"is shipped for {selected.model} / {selected.task}; pass --compressor DIR (icl-ssm "
-                             "distill trains one) or use --cache exact")
+                             "distill trains one) or use --cache dense")
         path = str(shipped / "compressor")
     fidelity = selected.fidelity if path == selected.compressor and selected.fidelity else compressor_fidelity(path)
     verdict = fidelity.get("verdict")
     said = {"compressed": "passed", "dense": "failed", None: "not measured"}.get(verdict, str(verdict))
     line = f"compressor {path}: fidelity verdict {said} ({fidelity.get('detail') or 'no detail'})"
     if verdict != "compressed" and not cfg.force:
-        raise ValueError(f"{line}; its answers are not shown to be the dense prompt's: use --cache exact, or "
+        raise ValueError(f"{line}; its answers are not shown to be the dense prompt's: use --cache dense, or "
                          "--force to answer from it anyway")
     return str(path), line + (" - used because --force was given" if verdict != "compressed" else "")
 

@@ -18,6 +18,14 @@ from icl_ssm.cli.options import parse_options
 INPUT_OPTIONS = ("input_field", "label_field", "target_field", "id_field")
 
 
+def cache_name(value: str) -> str:
+    """``--cache``'s value; ``exact``, its earlier name, is read as ``dense``."""
+    value = "dense" if value == "exact" else value
+    if value not in CACHES:
+        raise argparse.ArgumentTypeError(f"{value!r}; accepted: {', '.join(CACHES)}")
+    return value
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -72,8 +80,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=d.model,
                    help="the selection's model (default); another is refused: a prompt is chosen for one model")
     p.add_argument("--task", default=d.task, help="only for a selected.jsonl with no configuration beside it")
-    p.add_argument("--cache", default=d.cache, choices=CACHES,
-                   help="the prefix shared by every input: exact (the model's own K/V: the dense prompt's answers) or "
+    p.add_argument("--cache", default=d.cache, type=cache_name, metavar="{" + ",".join(CACHES) + "}",
+                   help="the prefix shared by every input: dense (the model's own K/V: the dense prompt's answers) or "
                         "compressed (the selection's compressor, refused unless its fidelity verdict passed)")
     p.add_argument("--compressor", default=d.compressor,
                    help="--cache compressed: a compressor directory (default: the selection's, else the shipped one)")

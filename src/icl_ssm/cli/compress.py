@@ -47,7 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--demos", help='JSONL file, one {"input": ..., "target": ...} per line')
     p.add_argument("--query", help="the query text (default with --task: its first test example)")
     p.add_argument("--compressor", help="directory of a trained compressor (default: an untrained one)")
-    p.add_argument("--exact", action="store_true", help="put the teacher's own K/V in the cache path instead")
+    p.add_argument("--dense", "--exact", dest="dense", action="store_true",
+                   help="put the teacher's own K/V (the dense prompt's cache) in the cache path instead")
     p.add_argument("--chat", action="store_true", help="format through the tokenizer's chat template")
     p.add_argument("--memory", action="store_true",
                    help="also measure peak memory of each path (fresh subprocesses: slower)")

@@ -31,7 +31,7 @@ class SideBySideConfig:
     """What to compress and answer: ``demos`` (a JSONL file of ``{"input", "target"}``, with
     ``query``) or ``k`` demonstrations drawn with ``seed`` from ``task``'s pool (``query``
     defaulting to its first test example); the cache path is ``compressor`` (a trained
-    compressor's directory), ``exact`` (the teacher's own K/V) or else an untrained compressor
+    compressor's directory), ``dense`` (the teacher's own K/V) or else an untrained compressor
     seeded with ``seed``. ``memory``: also each path's peak RSS, from fresh processes."""
 
     model: str = DEFAULT_MODEL
@@ -40,7 +40,7 @@ class SideBySideConfig:
     demos: str | None = None
     query: str | None = None
     compressor: str | None = None
-    exact: bool = False
+    dense: bool = False  # the teacher's own K/V in the cache path (the dense prompt's cache)
     chat: bool = False
     memory: bool = False
     seed: int = 0
@@ -50,18 +50,18 @@ class SideBySideConfig:
         """Refuse a config with nothing to compress, or with two cache paths; before a model is loaded."""
         if self.demos is None and self.task is None:
             raise ValueError("give --demos FILE.jsonl or --task NAME with --k K")
-        if self.exact and self.compressor:
-            raise ValueError("--exact and --compressor are alternatives; give one")
+        if self.dense and self.compressor:
+            raise ValueError("--dense and --compressor are alternatives; give one")
 
     @property
     def mode(self) -> str:
-        return "exact" if self.exact else ("trained" if self.compressor else "untrained")
+        return "dense" if self.dense else ("trained" if self.compressor else "untrained")
 
 
 class Answers(NamedTuple):
     """The query answered after each prefix, and what each path cost."""
 
-    cache_tokens: int  # length of the compressed (or exact) prefix cache
+    cache_tokens: int  # length of the compressed (or dense) prefix cache
     compressed: str
     dense: str
     max_abs_logit_diff: float  # of the next-token logits after the query
@@ -108,7 +108,7 @@ def side_by_side(cfg: SideBySideConfig, model: PreTrainedModel, tokenizer: PreTr
     suffix = builder.build_suffix(query)
     suffix_ids = torch.tensor([suffix.input_ids])  # (1, query tokens)
     compressor = _compressor(cfg, model, info["num_parameters"])
-    answers = _answer_both(model, builder, None if cfg.exact else compressor, prefix_ids, suffix, suffix_ids)
+    answers = _answer_both(model, builder, None if cfg.dense else compressor, prefix_ids, suffix, suffix_ids)
     n_params = sum(p.numel() for p in compressor.parameters())
     c = compressor.config
     memory = _peak_memory(cfg, compressor, prefix_ids, suffix_ids) if cfg.memory else {}
@@ -120,12 +120,12 @@ def side_by_side(cfg: SideBySideConfig, model: PreTrainedModel, tokenizer: PreTr
         "query": query.input,
         "prompt_tokens": prefix_ids.shape[1],
         "query_tokens": suffix_ids.shape[1],
-        "sink_tokens": 0 if cfg.exact else c.num_sink,
-        "virtual_tokens": 0 if cfg.exact else c.num_virtual,
+        "sink_tokens": 0 if cfg.dense else c.num_sink,
+        "virtual_tokens": 0 if cfg.dense else c.num_virtual,
         "cache_tokens": answers.cache_tokens,
-        "compressor_params": 0 if cfg.exact else n_params,
+        "compressor_params": 0 if cfg.dense else n_params,
         "teacher_params": info["num_parameters"],
-        "param_fraction": 0.0 if cfg.exact else n_params / info["num_parameters"],
+        "param_fraction": 0.0 if cfg.dense else n_params / info["num_parameters"],
         "answer_compressed": answers.compressed,
         "answer_dense": answers.dense,
         "max_abs_logit_diff": answers.max_abs_logit_diff,
@@ -175,8 +175,8 @@ def _answer_both(
     model: PreTrainedModel, builder: PromptBuilder, compressor: SSMCompressor | None,
     prefix_ids: torch.Tensor, suffix: Prompt, suffix_ids: torch.Tensor,
 ) -> Answers:
-    """The query answered after the dense prompt and after the compressed cache (the exact
-    cache when ``compressor`` is None), each path's forward timed after one warm-up.
+    """The query answered after the dense prompt and after the compressed cache (the dense
+    prompt's own cache when ``compressor`` is None), each path's forward timed after one warm-up.
     ``prefix_ids``: (1, prompt tokens); ``suffix_ids``: (1, query tokens)."""
 
     def compress() -> PrefixCache:
@@ -208,20 +208,20 @@ def _answer(model: PreTrainedModel, builder: PromptBuilder, prefix: PrefixCache,
 def _peak_memory(
     cfg: SideBySideConfig, compressor: SSMCompressor, prefix_ids: torch.Tensor, suffix_ids: torch.Tensor
 ) -> dict[str, int]:
-    """Peak RSS of answering from the dense prompt and (unless ``cfg.exact``) from the compressed
+    """Peak RSS of answering from the dense prompt and (unless ``cfg.dense``) from the compressed
     cache, each in a fresh process that loads ``cfg.model`` again, and of a process that only imports torch."""
     spec = cfg.compressor or compressor.config.to_dict()
     dense_rss = peak_rss(_memory_job, cfg.model, "dense", None, prefix_ids, suffix_ids)
     memory = {"peak_rss_dense_bytes": dense_rss["peak_rss_bytes"],
               "peak_rss_baseline_bytes": dense_rss["baseline_rss_bytes"]}
-    if not cfg.exact:
+    if not cfg.dense:
         comp_rss = peak_rss(_memory_job, cfg.model, "compressed", spec, prefix_ids, suffix_ids, baseline=False)
         memory["peak_rss_compressed_bytes"] = comp_rss["peak_rss_bytes"]
     return memory
 
 
 def _memory_job(model_name: str, mode: str, compressor: str | dict | None, prefix_ids, suffix_ids) -> None:
-    """One answer from a fresh process (for its peak RSS): dense, exact or compressed."""
+    """One answer from a fresh process (for its peak RSS): ``mode`` dense or compressed."""
     model, _ = load_model(model_name)
     with torch.no_grad():
         if mode == "dense":

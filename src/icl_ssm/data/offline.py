@@ -1,5 +1,5 @@
-"""Tasks whose data ship in PyPI packages (:mod:`icl_ssm.data.assets`): ``rotten_tomatoes``,
-``cr``, ``mmlu``."""
+"""Tasks whose data ship in PyPI packages (:mod:`icl_ssm.data.assets`): ``rotten_tomatoes``
+(and ``rotten_tomatoes_foobar``, its labels renamed), ``cr``, ``mmlu``."""
 
 from __future__ import annotations
 
@@ -66,6 +66,23 @@ class RottenTomatoes(AssetTask):
             if label is not None and review:  # "plot" rows are movie synopses
                 out.append(Example(f"rt-{i}", review, label))
         return out
+
+
+@register("rotten_tomatoes_foobar")
+@dataclass
+class RottenTomatoesFooBar(RottenTomatoes):
+    """Rotten Tomatoes with its labels renamed to words that carry no sentiment: ``foo`` (rotten)
+    and ``bar`` (fresh), the instruction naming neither meaning. The mapping is stated only by
+    the demonstrations (semantically unrelated labels, Wei et al. 2023, "Larger language models
+    do in-context learning differently"), so a prompt is judged by what its demonstrations say
+    and not only by its label mix: a selection task that calibration alone does not solve.
+    Same texts, ids, source and license as ``rotten_tomatoes``."""
+
+    labels = ("foo", "bar")
+    verbalizers = {"foo": "foo", "bar": "bar"}
+    instruction = "Label each review foo or bar, as the examples do."
+    output_prefix = "Label: "
+    categories: ClassVar[dict[str, str]] = {"fresh": "bar", "rotten": "foo"}
 
 
 @register("cr")
