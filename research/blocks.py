@@ -30,7 +30,7 @@ from rich.progress import Progress
 from transformers import DynamicCache
 
 from icl_ssm import atomic
-from icl_ssm.compress.cache import PrefixCache, exact_cache
+from icl_ssm.compress.cache import PrefixCache, dense_cache
 from icl_ssm.evaluate.fidelity_report import fidelity_report, report_setting
 from icl_ssm.evaluate.paths import evaluate_paths
 from icl_ssm.evaluate.stats import spearman_ci
@@ -94,7 +94,7 @@ def stack(model, kvs: list, slots: list[list[int]], lengths: list[int]) -> Prefi
 
 def dense_tail_cache(model, prompts: list[Prompt], ids, mask, s: int) -> PrefixCache:
     """The dense cache of ``prompts`` (right-padded ``ids``/``mask``) cut to :func:`tail_slots`."""
-    full = exact_cache(model, ids, mask)
+    full = dense_cache(model, ids, mask)
     kvs = [([k[b] for k in full.keys], [v[b] for v in full.values]) for b in range(len(prompts))]
     return stack(model, kvs, [tail_slots(p, s) for p in prompts], [len(p.input_ids) for p in prompts])
 
@@ -129,7 +129,7 @@ def main() -> None:
     def dense_tail(s: int):
         return lambda i, m: dense_tail_cache(model, rows_of(i, m), i, m, s)
 
-    paths = {"dense": lambda i, m: exact_cache(model, i, m), "block": block(None)}
+    paths = {"dense": lambda i, m: dense_cache(model, i, m), "block": block(None)}
     for s in args.tails:
         paths[f"block tail {s}"] = block(s)
     for s in args.tails:

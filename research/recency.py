@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from icl_ssm import atomic
-from icl_ssm.compress.cache import exact_cache, window_cache
+from icl_ssm.compress.cache import dense_cache, window_cache
 from icl_ssm.evaluate.fidelity_report import fidelity_report, report_setting
 from icl_ssm.evaluate.paths import evaluate_paths
 from icl_ssm.evaluate.stats import spearman, spearman_ci
@@ -61,13 +61,13 @@ def main() -> None:
     for last in args.last:
         prefixes = [builder.build_prefix([setting.pool[i] for i in s[-last:]]) for s in ids]
         ev, _ = evaluate_paths(model, builder, prefixes, queries,
-                                  {"dense": lambda i, m: exact_cache(model, i, m)}, **kw)["dense"]
+                                  {"dense": lambda i, m: dense_cache(model, i, m)}, **kw)["dense"]
         rows.append((f"dense prompt of the last {last} demonstration(s)", ev.subset_loss().numpy(),
                      float(ev.prompt_length.float().mean())))
     windows = {}
     if args.windows:
         prefixes = setting.prompts
-        paths = {"dense": lambda i, m: exact_cache(model, i, m)}
+        paths = {"dense": lambda i, m: dense_cache(model, i, m)}
         for n in args.windows:
             paths[f"w{n}"] = lambda i, m, n=n: window_cache(model, i, m, args.num_sink, n, "compressed")
         out = evaluate_paths(model, builder, prefixes, queries, paths, **kw)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from icl_ssm import atomic
-from icl_ssm.compress.cache import PrefixCache, exact_cache, forward_with_prefix, teacher_forward
+from icl_ssm.compress.cache import PrefixCache, dense_cache, forward_with_prefix, teacher_forward
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
@@ -142,7 +142,7 @@ def cache_of(model, tr, prompts) -> PrefixCache:
 @torch.no_grad()
 def dense_tails(model, prompt: Prompt, s: int) -> tuple[Tensor, Tensor]:
     """The dense cache's K (un-rotated) and V at the tail slots: ``(m, H, k*s, d)`` each."""
-    full = exact_cache(model, torch.tensor([prompt.input_ids], device=model.device))
+    full = dense_cache(model, torch.tensor([prompt.input_ids], device=model.device))
     pos = torch.tensor([tail_positions(prompt, s)], device=model.device)
     ks = torch.stack([rotate(model, k[:, :, pos[0]], -pos)[0] for k in full.keys])
     vs = torch.stack([v[0][:, pos[0]] for v in full.values])
@@ -273,7 +273,7 @@ def evaluate(model, builder, tr, args, out):
         return blocks.dense_tail_cache(model, rows(i, m), i, m, args.tail)
 
     tr.eval()
-    paths = {"dense": lambda i, m: exact_cache(model, i, m), "readout": lambda i, m: cache_of(model, tr, rows(i, m)),
+    paths = {"dense": lambda i, m: dense_cache(model, i, m), "readout": lambda i, m: cache_of(model, tr, rows(i, m)),
              f"dense tail {args.tail}": dense_tail}
     res = evaluate_paths(model, builder, prompts, queries, paths, loss=cfg["loss"], batch=cfg["batch"],
                             query_batch=cfg["query_batch"])

@@ -10,7 +10,7 @@ import torch
 from helpers import save_tiny
 
 from icl_ssm.cli import main
-from icl_ssm.compress.cache import compressed_cache, exact_cache, forward_with_prefix
+from icl_ssm.compress.cache import compressed_cache, dense_cache, forward_with_prefix
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load_compressor
 from icl_ssm.compress.generate import generate_with_prefix
 from icl_ssm.compress.packed import forward_packed
@@ -59,12 +59,12 @@ def test_every_shape_is_served(model):
     validate_supported(model)
 
 
-def test_exact_cache_reproduces_dense_logits(model):
+def test_dense_cache_reproduces_dense_logits(model):
     ids, mask = prompts(model)
     query = torch.randint(5, model.config.vocab_size, (3, 5), generator=torch.Generator().manual_seed(1))
     qmask = torch.tensor([[1] * 5, [1] * 3 + [0] * 2, [0] * 2 + [1] * 3], dtype=torch.bool)  # right- and left-padded
     with torch.no_grad():
-        logits = forward_with_prefix(model, exact_cache(model, ids, mask), query, qmask).logits
+        logits = forward_with_prefix(model, dense_cache(model, ids, mask), query, qmask).logits
         for b, L in enumerate(LENGTHS):
             q = query[b][qmask[b]]
             dense = model(torch.cat([ids[b, :L], q])[None]).logits[0, -len(q):]
@@ -76,7 +76,7 @@ def test_packed_path_equals_each_query_after_its_prefix(model):
     suffixes = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
     rows = [0, 0, 1, 2]
     with torch.no_grad():
-        prefix = exact_cache(model, ids, mask)
+        prefix = dense_cache(model, ids, mask)
         packed, _ = forward_packed(model, prefix, suffixes, rows)
         for i, (s, r) in enumerate(zip(suffixes, rows)):
             one = forward_with_prefix(model, prefix.select([r]), torch.tensor([s])).logits[0, -1]
@@ -88,7 +88,7 @@ def test_packed_path_equals_each_query_after_its_prefix(model):
 def test_scoring_after_a_prefix_matches_the_reference(model):
     ids, mask = prompts(model)
     with torch.no_grad():
-        prefix = exact_cache(model, ids, mask)
+        prefix = dense_cache(model, ids, mask)
         contexts, conts = [[7, 8, 9], [10, 11], [12]], [[13, 14], [15], [16, 17, 18]]
         fast = continuation_logprobs(model, contexts, conts, prefix=prefix)
         ref = continuation_logprobs_ref(model, contexts, conts, prefix=prefix)
@@ -98,12 +98,12 @@ def test_scoring_after_a_prefix_matches_the_reference(model):
     torch.testing.assert_close(fast, dense, rtol=1e-4, atol=1e-4)
 
 
-def test_generate_from_the_exact_cache_equals_dense_generate(model):
+def test_generate_from_the_dense_cache_equals_dense_generate(model):
     ids, mask = prompts(model)
     query = torch.randint(5, model.config.vocab_size, (3, 4), generator=torch.Generator().manual_seed(2))
     eos = model.generation_config.eos_token_id
     with torch.no_grad():
-        new = generate_with_prefix(model, exact_cache(model, ids, mask), query, max_new_tokens=4, do_sample=False)
+        new = generate_with_prefix(model, dense_cache(model, ids, mask), query, max_new_tokens=4, do_sample=False)
         for b, L in enumerate(LENGTHS):
             full = torch.cat([ids[b, :L], query[b]])[None]
             dense = model.generate(full, attention_mask=torch.ones_like(full), max_new_tokens=4,
@@ -164,8 +164,8 @@ def test_a_sliding_model_reads_back_only_as_far_as_its_layers_reach(arch):
     other = ids.clone()
     other[0, : 39 - reach] = 5
     with torch.no_grad():
-        a = forward_with_prefix(model, exact_cache(model, ids[:, :39]), ids[:, 39:]).logits
-        b = forward_with_prefix(model, exact_cache(model, other[:, :39]), other[:, 39:]).logits
+        a = forward_with_prefix(model, dense_cache(model, ids[:, :39]), ids[:, 39:]).logits
+        b = forward_with_prefix(model, dense_cache(model, other[:, :39]), other[:, 39:]).logits
     if mixed_layer_types(model.config) is None:
         assert (a - b).abs().max() < 1e-6
     else:

@@ -7,7 +7,7 @@ import torch
 from icl_ssm.compress.cache import (
     PrefixCache,
     compressed_cache,
-    exact_cache,
+    dense_cache,
     forward_with_prefix,
     window_cache,
 )
@@ -41,20 +41,20 @@ def model(request):
     return tiny_model(arch, **kw)
 
 
-def test_exact_cache_reproduces_dense_logits(model):
+def test_dense_cache_reproduces_dense_logits(model):
     ids, mask = prompts(model)
     query = torch.randint(5, model.config.vocab_size, (3, 5))
-    logits = forward_with_prefix(model, exact_cache(model, ids, mask), query).logits
+    logits = forward_with_prefix(model, dense_cache(model, ids, mask), query).logits
     for b, L in enumerate(mask.sum(1).tolist()):
         dense = model(torch.cat([ids[b, :L], query[b]])[None]).logits[0, -5:]
         torch.testing.assert_close(logits[b], dense, rtol=0, atol=1e-4)
 
 
-def test_exact_cache_with_padded_query(model):
+def test_dense_cache_with_padded_query(model):
     ids, mask = prompts(model)
     query = torch.randint(5, model.config.vocab_size, (3, 6))
     qmask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [0] * 3 + [1] * 3], dtype=torch.bool)
-    logits = forward_with_prefix(model, exact_cache(model, ids, mask), query, qmask).logits
+    logits = forward_with_prefix(model, dense_cache(model, ids, mask), query, qmask).logits
     for b, L in enumerate(mask.sum(1).tolist()):
         q = query[b][qmask[b]]
         dense = model(torch.cat([ids[b, :L], q])[None]).logits[0, -len(q):]
@@ -73,7 +73,7 @@ def test_compressed_cache_shapes_follow_the_teacher(model):
     assert pc.next_position.tolist() == [6, 6, 6]
     assert pc.prompt_length.tolist() == [20, 13, 7]
     # the sinks are exactly the teacher's K/V of the first tokens
-    exact = exact_cache(model, ids, mask)
+    exact = dense_cache(model, ids, mask)
     for k_c, k_e in zip(pc.keys, exact.keys):
         torch.testing.assert_close(k_c[:, :, :2], k_e[:, :, :2])
 
@@ -117,7 +117,7 @@ def test_generate_runs_from_compressed_and_matches_dense_from_exact(model):
     new = generate_with_prefix(model, compressed_cache(model, comp, ids, mask), query,
                                  max_new_tokens=3, do_sample=False)
     assert new.shape == (3, 3)
-    exact = generate_with_prefix(model, exact_cache(model, ids, mask), query, max_new_tokens=3, do_sample=False)
+    exact = generate_with_prefix(model, dense_cache(model, ids, mask), query, max_new_tokens=3, do_sample=False)
     for b, L in enumerate(mask.sum(1).tolist()):
         full = torch.cat([ids[b, :L], query[b]])[None]
         dense = model.generate(full, max_new_tokens=3, do_sample=False)[0, full.shape[1]:]
@@ -132,7 +132,7 @@ def test_window_cache_keeps_sinks_and_recent_tokens(model):
     assert w.length == 6 and w.mask.all()
     # the window's K/V equal a dense pass over exactly those tokens
     kept = torch.cat([ids[1, :2], ids[1, 13 - 4 : 13]])[None]
-    torch.testing.assert_close(w.keys[0][1:2], exact_cache(model, kept).keys[0])
+    torch.testing.assert_close(w.keys[0][1:2], dense_cache(model, kept).keys[0])
     # a prompt shorter than the window keeps everything, padding on the left of the slots
     short = window_cache(model, ids[2:, :7], None, num_sink=2, n_window=10)
     assert short.mask.sum().item() == 7 and short.next_position.tolist() == [7]
@@ -209,7 +209,7 @@ def test_control_ignores_the_prompt(model):
                                          torch.tensor([[0, 1, 1, 1]])), "right-padded"),
         (lambda m, c: compressed_cache(m, c, torch.ones(1, 4, dtype=torch.long), torch.zeros(1, 4)), "empty"),
         (lambda m, c: c(torch.zeros(1, 3, 5)), "inputs_embeds must be"),
-        (lambda m, c: forward_with_prefix(m, exact_cache(m, torch.ones(2, 3, dtype=torch.long)),
+        (lambda m, c: forward_with_prefix(m, dense_cache(m, torch.ones(2, 3, dtype=torch.long)),
                                             torch.ones(3, 1, dtype=torch.long)), "must equal the prefix batch"),
     ],
 )
@@ -375,8 +375,8 @@ def test_an_extended_prefix_equals_the_longer_prompt():
     model = tiny_model("llama").eval()
     torch.manual_seed(0)
     ids = torch.randint(3, 100, (2, 12))
-    full = exact_cache(model, ids)
-    head = exact_cache(model, ids[:, :8])
+    full = dense_cache(model, ids)
+    head = dense_cache(model, ids[:, :8])
     with torch.no_grad():
         out = forward_with_prefix(model, head, ids[:, 8:])
     joined = head.extended(output_cache(out), torch.ones(2, 4, dtype=torch.bool))
@@ -397,7 +397,7 @@ def test_cache_paths_use_the_installed_transformers_cache_argument():
     ids = torch.randint(3, 100, (2, 10))
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
-        prefix = exact_cache(model, ids[:, :7])
+        prefix = dense_cache(model, ids[:, :7])
         with torch.no_grad():
             out = forward_with_prefix(model, prefix, ids[:, 7:])
         joined = prefix.extended(output_cache(out), torch.ones(2, 3, dtype=torch.bool))
@@ -450,7 +450,7 @@ def test_rerotated_keys_match_keys_computed_at_the_new_position(arch):
     module = importlib.import_module(type(model).__module__)
     ids = torch.randint(3, 100, (1, 10))
     with torch.no_grad():
-        stored = exact_cache(model, ids).keys[0]  # (1, H, 10, d) rotated at positions 0..9
+        stored = dense_cache(model, ids).keys[0]  # (1, H, 10, d) rotated at positions 0..9
         attn, inner = model.model.layers[0].self_attn, model.model
         h = model.model.layers[0].input_layernorm(inner.embed_tokens(ids))
         raw = attn.k_proj(h).view(1, 10, -1, attn.head_dim).transpose(1, 2)  # (1, H, 10, d), not rotated
@@ -472,7 +472,7 @@ def test_streaming_cache_keeps_the_dense_sinks_and_recent_tokens(position):
     mask[1, 8:] = False
     query = torch.randint(3, 100, (2, 3))
     with torch.no_grad():
-        dense = exact_cache(model, ids, mask)
+        dense = dense_cache(model, ids, mask)
         whole = streaming_cache(model, ids, mask, num_sink=2, n_window=12, position=position)  # nothing evicted
         torch.testing.assert_close(forward_with_prefix(model, whole, query).logits,
                                    forward_with_prefix(model, dense, query).logits, rtol=1e-4, atol=1e-4)
@@ -514,5 +514,5 @@ def test_lm_infinite_prefills_under_the_lambda_mask():
         assert not torch.allclose(dense_a, dense_b)  # with full attention in the prefill, it is read
         whole = lm_infinite_cache(model, ids, None, 2, 12)  # the window holds every token: the dense prompt
         torch.testing.assert_close(forward_with_prefix(model, whole, query).logits,
-                                   forward_with_prefix(model, exact_cache(model, ids), query).logits,
+                                   forward_with_prefix(model, dense_cache(model, ids), query).logits,
                                    rtol=1e-4, atol=1e-4)

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from icl_ssm.cli import main
-from icl_ssm.compress.cache import exact_cache
+from icl_ssm.compress.cache import dense_cache
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
 from icl_ssm.distill import spec as SP
@@ -455,7 +455,7 @@ def test_hybrid_targets_pool_only_what_the_recent_tokens_do_not_keep(tmp_cache):
     s = spec(num_recent=5)
     targets = teacher_targets(model, builder, pool[:4], pool[4:6], s)
     ids = torch.tensor([builder.build_prefix(pool[:4]).input_ids])
-    keys = exact_cache(model, ids).keys
+    keys = dense_cache(model, ids).keys
     L = ids.shape[1]
     torch.testing.assert_close(targets["pool_k"][1].float(), pool_kv(keys[1][0], L - 5, 2, 4), rtol=1e-3, atol=1e-3)
 

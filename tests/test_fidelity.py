@@ -16,7 +16,7 @@ import torch
 from helpers import MULTI_EXAMPLES, QA_EXAMPLES, multi_token_task, qa_task
 
 from icl_ssm.cli import main
-from icl_ssm.compress.cache import compressed_cache, exact_cache
+from icl_ssm.compress.cache import compressed_cache, dense_cache
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
@@ -288,7 +288,7 @@ def test_answer_logits_fast_matches_reference(llama, coin):
     model, _ = llama
     builder, _, prefixes = _prefixes(llama, *coin)
     ids, mask = pad_right(prefixes)
-    cache = exact_cache(model, ids, mask)
+    cache = dense_cache(model, ids, mask)
     suffixes = [builder.build_suffix(q).input_ids for q in coin[1].validation[:4]]
     rows = [0, 2, 1, 2]
     fast = answer_logits(model, cache, suffixes, rows)
@@ -299,7 +299,7 @@ def _exact_or_gated(model, prefixes, gated):
     """The prompts' exact cache, or a gated hybrid compressor's (its virtual tokens carry a bias)."""
     ids, mask = pad_right(prefixes)
     if not gated:
-        return exact_cache(model, ids, mask)
+        return dense_cache(model, ids, mask)
     config = SSMCompressorConfig.for_teacher(model.config, **SMALL, num_recent=2, gate=True, gate_init=-1.0)
     cache = compressed_cache(model, SSMCompressor(config).eval(), ids, mask)
     assert cache.bias is not None
@@ -327,7 +327,7 @@ def test_evaluate_prefixes_packed_equals_batched(llama, coin):
     model, _ = llama
     builder, _, prefixes = _prefixes(llama, *coin)
     ids, mask = pad_right(prefixes)
-    cache = exact_cache(model, ids, mask)
+    cache = dense_cache(model, ids, mask)
     queries = coin[1].validation[:6]
     batched = evaluate_prefixes(model, builder, cache, queries, query_batch=4)
     packed = evaluate_prefixes(model, builder, cache, queries, query_batch=4, pack=True)
@@ -344,7 +344,7 @@ def test_logits_are_compared_where_numeric_answers_differ(llama):
     splits = split(task, seed=0)
     builder, _, prefixes = _prefixes(llama, task, splits)
     ids, mask = pad_right(prefixes)
-    cache = exact_cache(model, ids, mask)
+    cache = dense_cache(model, ids, mask)
     queries = splits.validation[:2]
     lead = builder.answer_lead()
     assert len(lead) == 1
@@ -380,7 +380,7 @@ def test_answer_scores_on_deeper_label_tries(llama, verbalizers):
     builder = PromptBuilder.for_model(model, tokenizer, task)
     assert max(len(ids) for ids in builder.label_ids()) - len(builder.answer_lead()) >= 3
     ids, mask = pad_right([builder.build_prefix(MULTI_EXAMPLES[:2]), builder.build_prefix(MULTI_EXAMPLES[1:3])])
-    cache = exact_cache(model, ids, mask)
+    cache = dense_cache(model, ids, mask)
     suffixes = [builder.build_suffix(q).input_ids for q in MULTI_EXAMPLES[2:4]] * 2
     rows = [0, 0, 1, 1]
     _, scores = answer_scores(model, builder, cache, suffixes, rows)
@@ -395,13 +395,13 @@ def test_dense_path_reproduces_full_prompts_and_answer_loss(llama, coin):
     builder, demos, prefixes = _prefixes(llama, task, splits)
     queries = splits.validation[:3]
     ids, mask = pad_right(prefixes)
-    ev = evaluate_prefixes(model, builder, exact_cache(model, ids, mask), queries, query_batch=4)
+    ev = evaluate_prefixes(model, builder, dense_cache(model, ids, mask), queries, query_batch=4)
     full = [builder.build(d, q) for d in demos for q in queries]
     gold = [q for _ in demos for q in queries]
     nll = answer_loss(model, builder, full, gold).view(3, 3)
     torch.testing.assert_close(ev.loss, nll, atol=1e-4, rtol=1e-4)
     assert ev.pred.flatten().tolist() == [task.labels.index(p) for p in predict_labels(model, builder, full)]
-    ce = evaluate_prefixes(model, builder, exact_cache(model, ids, mask), queries, loss="ce")
+    ce = evaluate_prefixes(model, builder, dense_cache(model, ids, mask), queries, loss="ce")
     torch.testing.assert_close(ce.loss, answer_loss(model, builder, full, gold, normalize=True).view(3, 3),
                                atol=1e-4, rtol=1e-4)
     assert ev.logits.shape == (3, 3, model.config.vocab_size)
@@ -413,7 +413,7 @@ def test_multi_token_and_generative_paths_match_answer_loss(llama, make_task, ex
     builder = PromptBuilder.for_model(model, tokenizer, make_task())
     demos = [list(examples[:2]), list(examples[1:3])]
     ids, mask = pad_right([builder.build_prefix(d) for d in demos])
-    cache = exact_cache(model, ids, mask)
+    cache = dense_cache(model, ids, mask)
     queries = list(examples[2:]) + list(examples[:1])
     ev = evaluate_prefixes(model, builder, cache, queries, query_batch=3, max_new_tokens=4)
     rows = [r for r in range(2) for _ in queries]
@@ -423,11 +423,11 @@ def test_multi_token_and_generative_paths_match_answer_loss(llama, make_task, ex
     assert ((ev.correct == 0) | (ev.correct == 1)).all()
 
 
-def test_exact_cache_as_the_other_path_agrees_perfectly(llama, coin):
+def test_dense_cache_as_the_other_path_agrees_perfectly(llama, coin):
     model, _ = llama
     task, splits = coin
     builder, _, prefixes = _prefixes(llama, task, splits, n=6, k=3)
-    exact = lambda ids, mask: exact_cache(model, ids, mask)  # noqa: E731
+    exact = lambda ids, mask: dense_cache(model, ids, mask)  # noqa: E731
     ticks = []
     results = evaluate_paths(model, builder, prefixes, splits.validation[:4], {"dense": exact, "other": exact},
                                batch=4, query_batch=5, progress=ticks.append)
@@ -448,7 +448,7 @@ def test_fidelity_report_from_logits_equals_streamed_agreement(llama, coin):
     comp = SSMCompressor(SSMCompressorConfig.for_teacher(model.config, **SMALL)).eval()
     queries = splits.validation[:3]
     with torch.no_grad():
-        dense = evaluate_prefixes(model, builder, exact_cache(model, ids, mask), queries)
+        dense = evaluate_prefixes(model, builder, dense_cache(model, ids, mask), queries)
         other = evaluate_prefixes(model, builder, compressed_cache(model, comp, ids, mask), queries)
     direct = fidelity_report(dense, other)
     streamed = fidelity_report(dense.without_logits(), other.without_logits(),
@@ -593,7 +593,7 @@ def test_dense_store_is_keyed_by_the_weights_and_refuses_rows_without_logits(lla
     assert DenseStore(tmp_path, model, builder, queries, "ce").directory != store.directory
     assert DenseStore(tmp_path, model, builder, queries, "nll").directory == store.directory
     prefix = builder.build_prefix(splits.pool[:2])
-    ev = evaluate_prefixes(model, builder, exact_cache(model, *pad_right([prefix])), queries)
+    ev = evaluate_prefixes(model, builder, dense_cache(model, *pad_right([prefix])), queries)
     assert store.get([prefix]) is None
     with pytest.raises(ValueError, match="one evaluated row with logits per prompt"):
         store.put([prefix], ev.without_logits())
@@ -819,7 +819,7 @@ def test_blocks_script_cuts_and_encodes_demonstrations_apart(files, tmp_path, ca
     pool = split(task, seed=report["seed"]).pool
     prompt = builder.build_prefix([pool[i] for i in report["per_subset"]["ids"][0]])
     keys, _ = script.block_kv(model, prompt)
-    dense = exact_cache(model, torch.tensor([prompt.input_ids]))
+    dense = dense_cache(model, torch.tensor([prompt.input_ids]))
     first = prompt.demo_spans[0][1]
     for k, d in zip(keys, dense.keys, strict=True):
         torch.testing.assert_close(k[:, :first], d[0][:, :first], atol=1e-4, rtol=1e-4)
@@ -843,7 +843,7 @@ def test_tail_readout_slots_sit_at_each_demonstrations_last_tokens(llama, coin):
     k = torch.randn(1, 2, pos.shape[1], model.config.head_dim)
     torch.testing.assert_close(script.rotate(model, script.rotate(model, k, pos), -pos), k, atol=1e-5, rtol=1e-5)
     tk, tv = script.dense_tails(model, prompt, s)
-    dense = exact_cache(model, torch.tensor([prompt.input_ids]))
+    dense = dense_cache(model, torch.tensor([prompt.input_ids]))
     for layer, (k, v) in enumerate(zip(dense.keys, dense.values, strict=True)):
         torch.testing.assert_close(script.rotate(model, tk[layer][None].float(), pos)[0], k[0][:, pos[0]],
                                    atol=2e-2, rtol=2e-2)  # stored in float16

@@ -345,7 +345,7 @@ def test_with_the_cache_module_prefix(tokenizers, qwen2):
     width = max(map(len, prefix_ids))
     ids = torch.tensor([p + [0] * (width - len(p)) for p in prefix_ids])
     mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prefix_ids])
-    prefix = cache_module.exact_cache(qwen2, ids, mask)
+    prefix = cache_module.dense_cache(qwen2, ids, mask)
     suffixes = [builder.build_suffix(q) for q in queries]
     full = [builder.build(d, q) for d, q in zip(subsets, queries, strict=True)]
     torch.testing.assert_close(score_labels(qwen2, builder, suffixes, prefix=prefix),

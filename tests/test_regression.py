@@ -311,7 +311,7 @@ def test_evaluate_teacher_rows():
 
 
 def test_the_cache_paths_serve_a_teacher_that_reads_value_tokens():
-    from icl_ssm.compress.cache import compressed_cache, exact_cache, forward_with_prefix, window_cache
+    from icl_ssm.compress.cache import compressed_cache, dense_cache, forward_with_prefix, window_cache
     from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 
     teacher = tiny_teacher()
@@ -321,7 +321,7 @@ def test_the_cache_paths_serve_a_teacher_that_reads_value_tokens():
     prefix, query = values[:, :12], values[:, 12:13]  # 6 demonstration pairs, then the 7th x
     with torch.no_grad():
         dense = teacher(values=values[:, :13]).predictions[:, -1]
-        exact = forward_with_prefix(teacher, exact_cache(teacher, prefix), query).predictions[:, -1]
+        exact = forward_with_prefix(teacher, dense_cache(teacher, prefix), query).predictions[:, -1]
         torch.testing.assert_close(exact, dense, rtol=1e-4, atol=1e-5)  # the exact cache is the dense prompt
         config = SSMCompressorConfig.for_teacher(teacher.config, state_size=8, num_virtual=2, num_sink=2,
                                                  latent_size=8, num_recent=4, gate=True)
@@ -336,7 +336,7 @@ def test_the_cache_paths_serve_a_teacher_that_reads_value_tokens():
         window = forward_with_prefix(teacher, window_cache(teacher, prefix, None, 2, 4), query).predictions[:, -1]
         torch.testing.assert_close(out, window, rtol=1e-3, atol=1e-3)
     with pytest.raises(ValueError, match=r"attention_mask must have shape \(3, 12\)"):
-        exact_cache(teacher, prefix, torch.ones(3, 5, dtype=torch.bool))
+        dense_cache(teacher, prefix, torch.ones(3, 5, dtype=torch.bool))
 
 
 def test_the_distillation_trains_a_compressor_for_the_regression_teacher(tmp_path):

@@ -14,7 +14,7 @@ import torch
 from helpers import qa_task
 
 from icl_ssm.compress import pretrained as pretrained_mod
-from icl_ssm.compress.cache import compress_demonstrations, exact_cache
+from icl_ssm.compress.cache import compress_demonstrations, dense_cache
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.compress.generate import generate_with_prefix
 from icl_ssm.compress.pretrained import find_pretrained, load_pretrained
@@ -495,7 +495,7 @@ def test_label_balanced_subset_losses_weigh_each_label_alike(setup):
     plain = CacheEvaluator(model, builder, "dense", batch=5)
     balanced = CacheEvaluator(model, builder, "dense", batch=5, balance_labels=True)
     ids, mask = pad_right([builder.build_prefix([pool[i] for i in s]) for s in subs])
-    per_query = evaluate_prefixes(model, builder, exact_cache(model, ids, mask), val).loss.double().numpy()
+    per_query = evaluate_prefixes(model, builder, dense_cache(model, ids, mask), val).loss.double().numpy()
     want = per_query[:, :3].mean(1) / 2 + per_query[:, 3] / 2
     np.testing.assert_allclose(balanced.evaluate(pool, val, subs).losses, want, rtol=1e-5)
     np.testing.assert_allclose(plain.evaluate(pool, val, subs).losses, per_query.mean(1), rtol=1e-5)

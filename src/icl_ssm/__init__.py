@@ -17,7 +17,7 @@ from icl_ssm.compress.cache import (
     PrefixCache,
     compress_demonstrations,
     compressed_cache,
-    exact_cache,
+    dense_cache,
     forward_with_prefix,
     window_cache,
 )
@@ -55,7 +55,7 @@ __all__ = [
     "Prompt", "PromptBuilder", "score_labels", "predict_labels", "answer_loss", "generate_answers",
     # the state space model, the compressor and its caches
     "HiPPOSSM", "SSMCompressor", "SSMCompressorConfig", "load_compressor", "load_pretrained", "find_pretrained",
-    "PrefixCache", "exact_cache", "compressed_cache", "window_cache", "compress_demonstrations",
+    "PrefixCache", "dense_cache", "compressed_cache", "window_cache", "compress_demonstrations",
     "forward_with_prefix", "generate_with_prefix",
     # selection
     "SELECTORS", "Selector", "register_selector", "Selection", "AffinitySelector", "SubsetEvaluator",

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from icl_ssm import atomic
-from icl_ssm.compress.cache import compressed_cache, exact_cache
+from icl_ssm.compress.cache import compressed_cache, dense_cache
 from icl_ssm.compress.compressor import load_compressor
 from icl_ssm.cost import measure
 from icl_ssm.data.splits import split
@@ -71,7 +71,7 @@ def run_length(model_name: str, task_name: str, compressor_dir: str, ks: Sequenc
                                      lambda i, m: compressed_cache(model, compressor, i, m), not row["compressed"])
             row["compressed"].append({**comp_cost, "accuracy": float(comp.correct.mean())})
             if context is None or len(prefix) + suffix <= context:
-                dense, dense_cost = answer(model, builder, prefix, val, lambda i, m: exact_cache(model, i, m),
+                dense, dense_cost = answer(model, builder, prefix, val, lambda i, m: dense_cache(model, i, m),
                                            not row["dense"])
                 agree = logit_agreement(dense.logits, comp.logits)
                 row["dense"].append({**dense_cost, "accuracy": float(dense.correct.mean())})

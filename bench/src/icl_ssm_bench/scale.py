@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 from transformers import PretrainedConfig, PreTrainedModel
 
-from icl_ssm.compress.cache import PrefixCache, compressed_cache, exact_cache, teacher_forward
+from icl_ssm.compress.cache import PrefixCache, compressed_cache, dense_cache, teacher_forward
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, head_dim, kv_heads
 from icl_ssm.cost import measure, peak_rss, rss_bytes, rss_peak, track_freed_memory
 from icl_ssm.data.tasks import Example
@@ -163,7 +163,7 @@ class _Bench:
         return PerQueryDenseEvaluator(self.model, self.builder, batch=self.cfg.query_batch)
 
     def lean_dense(self, input_ids: Tensor, attention_mask: Tensor) -> PrefixCache:
-        """The dense prefix of :func:`exact_cache` without the LM head over the prompt."""
+        """The dense prefix of :func:`dense_cache` without the LM head over the prompt."""
         out = teacher_forward(self.model, input_ids, attention_mask, logits_to_keep=1)
         keys, values = kv_from_cache(output_cache(out))
         lengths = attention_mask.sum(1)
@@ -171,7 +171,7 @@ class _Bench:
 
     def builds(self) -> dict[str, Callable[[Tensor, Tensor], PrefixCache]]:
         """The cache builds measured alone: ``(ids, mask) -> PrefixCache``."""
-        out = {"dense": lambda ids, mask: exact_cache(self.model, ids, mask), "dense-lean": self.lean_dense}
+        out = {"dense": lambda ids, mask: dense_cache(self.model, ids, mask), "dense-lean": self.lean_dense}
         for c, compressor in self.compressors.items():
             out["compressed" if c == "recipe" else f"{c}-compressed"] = (
                 lambda ids, mask, comp=compressor: compressed_cache(self.model, comp, ids, mask))

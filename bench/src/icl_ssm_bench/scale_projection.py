@@ -48,7 +48,7 @@ def projected_flops(p: Projection, evaluator: str, prompt: int, query: int, quer
 
     The reference of the counted rows (the two agree on the shapes measured; a test holds them
     together), and the projection where a shape is not measured. The dense prefix computes the LM
-    head at every prompt token (:func:`~icl_ssm.compress.cache.exact_cache`), the lean one at the
+    head at every prompt token (:func:`~icl_ssm.compress.cache.dense_cache`), the lean one at the
     last; the packed paths read a subset's queries as one row after the prefix."""
     packed = evaluator.endswith("-packed")
     after = ((1, queries * query) if packed else (queries, query))  # rows, tokens a row

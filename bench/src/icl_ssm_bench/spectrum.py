@@ -80,7 +80,7 @@ def run_spectrum(model_name: str, task_name: str, k: int, prompts: int, degrees:
                  num_groups: int = 4) -> dict[str, Any]:
     """The spectrum of the dense caches of ``prompts`` random ``k``-shot prompts of a task,
     averaged over the prompts."""
-    from icl_ssm.compress.cache import exact_cache
+    from icl_ssm.compress.cache import dense_cache
     from icl_ssm.compress.compressor import SSMCompressorConfig
     from icl_ssm.data.splits import split
     from icl_ssm.data.tasks import get_task
@@ -98,7 +98,7 @@ def run_spectrum(model_name: str, task_name: str, k: int, prompts: int, degrees:
         demos = [pool[i] for i in rng.choice(len(pool), k, replace=False)]
         ids = torch.tensor([builder.build_prefix(demos).input_ids], device=model.device)
         with torch.no_grad():
-            cache = exact_cache(model, ids)
+            cache = dense_cache(model, ids)
         lengths.append(ids.shape[1])
         runs.append(cache_spectrum([t[0] for t in cache.keys], [t[0] for t in cache.values], groups, degrees))
     merged = []

@@ -32,7 +32,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from icl_ssm.calibrate import Calibration
-from icl_ssm.compress.cache import PrefixCache, compressed_cache, exact_cache
+from icl_ssm.compress.cache import PrefixCache, compressed_cache, dense_cache
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.data.tasks import Example, Task
 from icl_ssm.evaluate.answers import answer_logits_packed
@@ -92,7 +92,7 @@ def shared_prefix(model: PreTrainedModel, builder: PromptBuilder, demos: Sequenc
         return None
     tokens = torch.tensor([ids], device=model.device)  # (1, T)
     with torch.no_grad():
-        return exact_cache(model, tokens) if cache == "dense" else compressed_cache(model, compressor, tokens)
+        return dense_cache(model, tokens) if cache == "dense" else compressed_cache(model, compressor, tokens)
 
 
 def scores_after_prefix(model: PreTrainedModel, builder: PromptBuilder, prefix: PrefixCache | None,

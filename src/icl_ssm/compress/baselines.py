@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from icl_ssm.compress.cache import PrefixCache, _check_prompt, exact_cache, sink_window_slots, tokens_arg
+from icl_ssm.compress.cache import PrefixCache, _check_prompt, dense_cache, sink_window_slots, tokens_arg
 from icl_ssm.lm.hf import kv_from_cache, output_cache, rerotate_keys, with_cache
 
 
@@ -43,7 +43,7 @@ def streaming_cache(
     if position not in ("original", "compressed"):
         raise ValueError(f"position={position!r}; accepted: 'original', 'compressed'")
     mask = _check_prompt(input_ids, attention_mask)
-    dense = exact_cache(model, input_ids, mask)
+    dense = dense_cache(model, input_ids, mask)
     lengths = mask.sum(1)
     index, slot = sink_window_slots(lengths, num_sink, n_window)
     keys, values = gather_slots(dense.keys, index), gather_slots(dense.values, index)

@@ -12,7 +12,7 @@ demonstration subset.
 
 Three ways to build one, sharing the query path:
 
-* :func:`exact_cache` - the teacher's own K/V of the whole prompt (a dense prefill). Queries
+* :func:`dense_cache` - the teacher's own K/V of the whole prompt (a dense prefill). Queries
   answered from it reproduce dense logits: the check that injection is right.
 * :func:`compressed_cache` - exact K/V of the first ``num_sink`` prompt tokens (attention
   sinks) followed by the compressor's ``num_virtual`` virtual tokens (and, for a hybrid
@@ -159,7 +159,7 @@ def tokens_arg(model: PreTrainedModel, tokens: Tensor) -> dict[str, Tensor]:
     return {getattr(model, "main_input_name", "input_ids"): tokens}
 
 
-def exact_cache(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | None = None) -> PrefixCache:
+def dense_cache(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | None = None) -> PrefixCache:
     """The teacher's own K/V of the whole (right-padded) prompt ``input_ids: (B, T)`` (or value
     tokens ``(B, T, F)``)."""
     mask = _check_prompt(input_ids, attention_mask)

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from icl_ssm.compress.cache import PrefixCache, compressed_cache, exact_cache, forward_with_prefix
+from icl_ssm.compress.cache import PrefixCache, compressed_cache, dense_cache, forward_with_prefix
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load_compressor
 from icl_ssm.cost import Cost, measure, peak_rss
 from icl_ssm.data.splits import split, validate_k
@@ -180,12 +180,12 @@ def _answer_both(
     ``prefix_ids``: (1, prompt tokens); ``suffix_ids``: (1, query tokens)."""
 
     def compress() -> PrefixCache:
-        return exact_cache(model, prefix_ids) if compressor is None else compressed_cache(model, compressor, prefix_ids)
+        return dense_cache(model, prefix_ids) if compressor is None else compressed_cache(model, compressor, prefix_ids)
 
     with torch.no_grad():
         compress()  # warm-up: the SSM's frozen powers are computed once, then cached
         with measure() as dense_cost:
-            dense = exact_cache(model, prefix_ids)
+            dense = dense_cache(model, prefix_ids)
             z_dense = forward_with_prefix(model, dense, suffix_ids).logits[0, -1]  # (vocab,)
         with measure() as comp_cost:
             comp = compress()
@@ -225,7 +225,7 @@ def _memory_job(model_name: str, mode: str, compressor: str | dict | None, prefi
     model, _ = load_model(model_name)
     with torch.no_grad():
         if mode == "dense":
-            prefix = exact_cache(model, prefix_ids)
+            prefix = dense_cache(model, prefix_ids)
         else:
             comp = (load_compressor(compressor, model.config) if isinstance(compressor, str)
                     else SSMCompressor(SSMCompressorConfig(**compressor)))

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from icl_ssm.compress.cache import exact_cache, forward_with_prefix
+from icl_ssm.compress.cache import dense_cache, forward_with_prefix
 from icl_ssm.compress.packed import forward_packed
 from icl_ssm.data.tasks import Example
 from icl_ssm.distill.spec import TeacherSpec
@@ -58,7 +58,7 @@ def teacher_targets(model, builder: PromptBuilder, demos: list[Example], queries
     Computed on the model's device, returned on the CPU."""
     device = model.device
     prefix_ids = torch.tensor([builder.build_prefix(demos).input_ids], device=device)
-    dense = exact_cache(model, prefix_ids)
+    dense = dense_cache(model, prefix_ids)
     L = prefix_ids.shape[1]
     end = L - spec.num_recent  # virtual tokens summarise what the recent tokens do not keep
     pool_k = torch.stack([pool_kv(k[0], end, spec.num_sink, spec.num_virtual) for k in dense.keys])

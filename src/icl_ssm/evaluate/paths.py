@@ -19,7 +19,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from icl_ssm.compress.baselines import lm_infinite_cache, streaming_cache
-from icl_ssm.compress.cache import compressed_cache, exact_cache, window_cache
+from icl_ssm.compress.cache import compressed_cache, dense_cache, window_cache
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.cost import measure
 from icl_ssm.data.tasks import Example
@@ -86,7 +86,7 @@ def cache_paths(
     if n_window < 0:
         raise ValueError(f"n_window={n_window}: expected >= 0 prompt tokens")
     paths: dict[str, CacheBuilder] = {
-        "dense": lambda ids, mask: exact_cache(model, ids, mask),
+        "dense": lambda ids, mask: dense_cache(model, ids, mask),
         "compressed": lambda ids, mask: compressed_cache(model, compressor, ids, mask),
     }
     if control is not None:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from icl_ssm.compress.cache import PrefixCache, compressed_cache, exact_cache
+from icl_ssm.compress.cache import PrefixCache, compressed_cache, dense_cache
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.cost import Cost, ShapeFlops, measure
 from icl_ssm.data.tasks import Example
@@ -166,7 +166,7 @@ class CacheEvaluator(SubsetEvaluator):
 
     def build(self, ids: Tensor, mask: Tensor) -> PrefixCache:
         if self.cache == "dense":
-            return exact_cache(self.model, ids, mask)
+            return dense_cache(self.model, ids, mask)
         if self.cache == "compressed":
             return compressed_cache(self.model, self.compressor, ids, mask)
         return self.cache(ids, mask)

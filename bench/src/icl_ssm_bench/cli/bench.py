@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 import torch
 
-from icl_ssm.compress.cache import exact_cache
+from icl_ssm.compress.cache import dense_cache
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
 from icl_ssm.evaluate.answers import answer_logits, pad_right
@@ -112,7 +112,7 @@ def _run_label_scores(args: argparse.Namespace) -> int:
     splits = split(task, seed=args.seed)
     builder = PromptBuilder.for_model(model, tokenizer, task)
     subsets = sample_subsets(splits.pool, args.k, args.subsets, np.random.default_rng(args.seed))
-    cache = exact_cache(model, *pad_right([builder.build_prefix([splits.pool[i] for i in s]) for s in subsets]))
+    cache = dense_cache(model, *pad_right([builder.build_prefix([splits.pool[i] for i in s]) for s in subsets]))
     suffixes = [builder.build_suffix(q).input_ids for q in splits.validation[: args.queries]] * args.subsets
     rows = [r for r in range(args.subsets) for _ in range(args.queries)]
     lead = builder.answer_lead()

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from icl_ssm.compress.cache import exact_cache, forward_with_prefix
+from icl_ssm.compress.cache import dense_cache, forward_with_prefix
 from icl_ssm.distill.targets import pool_kv
 from icl_ssm_bench.synthetic.task import RegressionTask
 from icl_ssm_bench.synthetic.teacher import RegressionTeacher, prompt_values
@@ -61,7 +61,7 @@ def regression_episode(model: RegressionTeacher, xs: np.ndarray, ys: np.ndarray,
     ``prediction``, ``target (Q,)``, ``hidden (Q, layers, hidden)``."""
     device = model.read_in.weight.device
     values = prompt_values(xs[None], ys[None]).to(device)  # (1, 2k, d + 1)
-    dense = exact_cache(model, values)
+    dense = dense_cache(model, values)
     end = values.shape[1] - num_recent
     pool_k = torch.stack([pool_kv(k[0], end, num_sink, num_virtual) for k in dense.keys])
     pool_v = torch.stack([pool_kv(v[0], end, num_sink, num_virtual) for v in dense.values])

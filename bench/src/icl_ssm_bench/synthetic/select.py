@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from icl_ssm.compress.cache import PrefixCache, compressed_cache, exact_cache, forward_with_prefix, window_cache
+from icl_ssm.compress.cache import PrefixCache, compressed_cache, dense_cache, forward_with_prefix, window_cache
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.cost import Cost, measure
 from icl_ssm.data.tasks import Example
@@ -78,7 +78,7 @@ class RegressionEvaluator(SubsetEvaluator):
 
     def build(self, values: torch.Tensor) -> PrefixCache:
         if self.cache == "dense":
-            return exact_cache(self.model, values)
+            return dense_cache(self.model, values)
         if self.cache == "compressed":
             return compressed_cache(self.model, self.compressor, values)
         return window_cache(self.model, values, None, self.num_sink, self.n_window or 16)
@@ -114,7 +114,7 @@ def test_errors(model: RegressionTeacher, split: SelectionSplit, prompts: Sequen
         raise ValueError(f"{len(prompts)} prompts for {n} test queries; expected 1 or one per query")
     device = model.read_in.weight.device
     values = pool_prompts(split, [list(p) for p in prompts]).to(device)
-    cache = exact_cache(model, values)
+    cache = dense_cache(model, values)
     queries = prompt_values(split.test_x[:, None]).to(device)
     cache = cache.repeat_interleave(n) if len(prompts) == 1 else cache
     pred = forward_with_prefix(model, cache, queries).predictions[:, -1].double().cpu().numpy()
