@@ -1003,3 +1003,26 @@ def test_join_reports_pairs_paths_of_two_runs_on_their_common_subsets():
         script.join(base, {**other, "k": 4}, "good")
     with pytest.raises(ValueError, match="already a path"):
         script.join(base, other, "control")
+
+
+def test_the_fair_trial_recalibrates_stored_losses_on_any_query_subset_exactly():
+    """research/fair_trial.py reads calibrated margins back from the stored calibrated losses and
+    recalibrates them on another query set: the same losses as calibrating the label scores there."""
+    from helpers import research_script
+
+    from icl_ssm.calibrate.losses import calibrated_query_losses
+
+    script = research_script("fair_trial")
+    rng = np.random.default_rng(0)
+    scores = rng.normal(size=(5, 12, 2)) * 3  # (subsets, queries, labels)
+    gold = rng.integers(0, 2, 12)
+    gold[:2] = [0, 1]
+    stored = calibrated_query_losses(scores, gold, "batch")
+    probe, target = script.probe_and_target(gold)
+    assert len(probe) == 2 * min(script.PROBE_PER_LABEL, (gold == 0).sum(), (gold == 1).sum())
+    assert set(probe) | set(target) == set(range(12)) and not set(probe) & set(target)
+    m = script.margins(stored, gold)
+    for part in (probe, target):
+        direct = calibrated_query_losses(scores[:, part], gold[part], "batch")
+        want = (direct[:, gold[part] == 0].mean(1) + direct[:, gold[part] == 1].mean(1)) / 2
+        np.testing.assert_allclose(script.balanced_calibrated(m[:, part], gold[part]), want, rtol=1e-9, atol=1e-12)
