@@ -47,8 +47,8 @@ from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
 from icl_ssm.evaluate.stats import interval, spearman, spearman_brown
 
-RECORDS = [f"docs/results/fair-trial/fidelity-{task}-k20-96x64.json"
-           for task in ("rotten_tomatoes", "rotten_tomatoes_foobar")]
+RECORDS = ["docs/results/calibration/fidelity-calibrated-rotten_tomatoes-k20-32x64.json",
+           "docs/results/fair-trial/fidelity-rotten_tomatoes_foobar-k20-96x64.json"]
 OUT = "docs/results/fair-trial/rankers-k20-96x64.json"
 PROBE_PER_LABEL, RESAMPLES, SEED = 4, 2000, 0
 

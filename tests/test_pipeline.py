@@ -307,3 +307,15 @@ def pipeline_can_add(room, minimum):
     from icl_ssm.select.headroom import can_add
 
     return can_add(room, minimum)
+
+
+def test_the_compressor_choice_reads_back_what_the_report_and_the_stage_store():
+    """A run's compressor stage result is typed; the report and the stage file keep its dict,
+    recipe and distill settings only where there are any."""
+    from icl_ssm.pipeline.compressor import SOURCES, CompressorChoice
+
+    none = CompressorChoice(None, None, "none")
+    assert none.as_dict() == {"compressor": None, "control": None, "source": "none"} and none.load() is None
+    shipped = CompressorChoice("c", "d", "shipped", recipe={"k": 20})
+    assert shipped.as_dict() == {"compressor": "c", "control": "d", "source": "shipped", "recipe": {"k": 20}}
+    assert CompressorChoice.from_dict(shipped.as_dict()) == shipped and set(SOURCES) >= {none.source, shipped.source}
