@@ -61,6 +61,7 @@ def _select(cfg: SelectConfig, out, args: argparse.Namespace) -> int:
     compressor = None
     if uses_compressor(cfg):
         compressor = load_compressor(cfg.compressor, model.config).to(state.device)
+    builder = PromptBuilder.for_model(model, tokenizer, get_task(cfg.task, **cfg.task_options), chat=cfg.chat)
     stderr = Console(stderr=True)
     with Progress(TextColumn(f"select {cfg.method}"), BarColumn(), MofNCompleteColumn(), TextColumn("subsets"),
                   TimeRemainingColumn(), console=stderr, transient=True, disable=not main) as bar:
@@ -73,13 +74,11 @@ def _select(cfg: SelectConfig, out, args: argparse.Namespace) -> int:
                 stderr.print(f"select: {int(t.completed)}/{int(t.total or 0)} subsets, {t.elapsed or 0:.0f} s")
 
         selection, summary, pool = select_demonstrations(
-            cfg, model, tokenizer, compressor,
+            cfg, model, tokenizer, compressor, builder=builder,
             hooks=Hooks(on_say=(lambda line: stderr.print(f"select: {line}", highlight=False, soft_wrap=True))
                         if main else None, on_progress=advance, on_total=lambda n: bar.update(job, total=n or None)))
     summary["argv"] = getattr(args, "argv", None)
     if main and out is not None:
-        task = get_task(cfg.task, **cfg.task_options)
-        builder = PromptBuilder.for_model(model, tokenizer, task, chat=cfg.chat)
         text = builder.build_prefix(selection.examples(pool)).text
         write_selection(out, selection, summary, pool, text, {**asdict(cfg), "argv": summary["argv"]})
     if not main:
