@@ -319,3 +319,20 @@ def test_the_compressor_choice_reads_back_what_the_report_and_the_stage_store():
     shipped = CompressorChoice("c", "d", "shipped", recipe={"k": 20})
     assert shipped.as_dict() == {"compressor": "c", "control": "d", "source": "shipped", "recipe": {"k": 20}}
     assert CompressorChoice.from_dict(shipped.as_dict()) == shipped and set(SOURCES) >= {none.source, shipped.source}
+
+
+def test_a_run_resolves_its_task_and_splits_once_and_refuses_a_k_above_the_pool(tmp_path):
+    """pipeline.context.Run: the task and its splits made once (the stages read them from the run);
+    a k larger than the pool is refused before any stage, with the pool it would take."""
+    from icl_ssm.pipeline import RunConfig
+    from dataclasses import replace
+
+    from icl_ssm.pipeline.context import Run
+
+    cfg = RunConfig(task="coin_flip", k=4, pool_size=20, test_size=10, task_options={"size": 400})
+    run = Run.open(cfg, tmp_path)
+    assert run.task.name == "coin_flip" and len(run.splits.pool) == 20 and len(run.test) == 10
+    assert run.read == run.splits.validation[: max(cfg.queries, cfg.confirm_queries, cfg.screen_queries)]
+    assert run.model is None and run.builder is None and run.classification
+    with pytest.raises(ValueError, match=r"pool_size=20 is smaller than k=30; ask for a pool of at least 45"):
+        Run.open(replace(cfg, k=30), tmp_path)
