@@ -324,9 +324,9 @@ def test_the_compressor_choice_reads_back_what_the_report_and_the_stage_store():
 def test_a_run_resolves_its_task_and_splits_once_and_refuses_a_k_above_the_pool(tmp_path):
     """pipeline.context.Run: the task and its splits made once (the stages read them from the run);
     a k larger than the pool is refused before any stage, with the pool it would take."""
-    from icl_ssm.pipeline import RunConfig
     from dataclasses import replace
 
+    from icl_ssm.pipeline import RunConfig
     from icl_ssm.pipeline.context import Run
 
     cfg = RunConfig(task="coin_flip", k=4, pool_size=20, test_size=10, task_options={"size": 400})
