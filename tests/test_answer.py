@@ -542,11 +542,27 @@ def test_the_dense_cache_has_one_name_and_the_earlier_one_still_reads():
     reads as ``dense``; anything else is refused with the accepted names."""
     import argparse
 
-    from icl_ssm.apply.answer import CACHES
+    from icl_ssm.apply.answer import CACHES, cache_kind
     from icl_ssm.apply.run import AnswerConfig
     from icl_ssm.cli.answer import cache_name
 
     assert CACHES == ("dense", "compressed") and AnswerConfig().cache == "dense"
+    assert AnswerConfig(cache="exact").cache == "dense"
     assert cache_name("exact") == cache_name("dense") == "dense" and cache_name("compressed") == "compressed"
     with pytest.raises(argparse.ArgumentTypeError, match="'full'; accepted: dense, compressed"):
         cache_name("full")
+    with pytest.raises(ValueError, match="cache='full'; accepted: dense, compressed"):
+        cache_kind("full")
+
+
+def test_predictions_written_under_the_dense_cache_s_earlier_name_resume(tmp_path):
+    """An answer directory whose settings say cache 'exact' (the earlier name) continues under
+    'dense'; any other difference is still refused."""
+    settings = {"selection": "s", "cache": "dense", "model": "m"}
+    old = PredictionsFile(tmp_path, {**settings, "cache": "exact"})
+    old.append([{"id": "a", "prediction": "x"}])
+    old.close()
+    rows, finished = PredictionsFile(tmp_path, settings).resume()
+    assert [r["id"] for r in rows] == ["a"] and not finished
+    with pytest.raises(ValueError, match="model"):
+        PredictionsFile(tmp_path, {**settings, "model": "other"}).resume()

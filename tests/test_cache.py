@@ -516,3 +516,10 @@ def test_lm_infinite_prefills_under_the_lambda_mask():
         torch.testing.assert_close(forward_with_prefix(model, whole, query).logits,
                                    forward_with_prefix(model, dense_cache(model, ids), query).logits,
                                    rtol=1e-4, atol=1e-4)
+
+
+def test_the_dense_cache_keeps_its_earlier_name():
+    import icl_ssm
+    from icl_ssm.compress.cache import dense_cache, exact_cache
+
+    assert exact_cache is dense_cache and icl_ssm.exact_cache is dense_cache

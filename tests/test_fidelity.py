@@ -1015,11 +1015,10 @@ def test_the_fair_trial_recalibrates_stored_losses_on_any_query_subset_exactly()
     script = research_script("fair_trial")
     rng = np.random.default_rng(0)
     scores = rng.normal(size=(5, 12, 2)) * 3  # (subsets, queries, labels)
-    gold = rng.integers(0, 2, 12)
-    gold[:2] = [0, 1]
+    gold = rng.permutation(np.repeat([0, 1], 6))  # 4 + 4 probe, 2 + 2 target queries
     stored = calibrated_query_losses(scores, gold, "batch")
     probe, target = script.probe_and_target(gold)
-    assert len(probe) == 2 * min(script.PROBE_PER_LABEL, (gold == 0).sum(), (gold == 1).sum())
+    assert len(probe) == 2 * script.PROBE_PER_LABEL and len(target) == 4
     assert set(probe) | set(target) == set(range(12)) and not set(probe) & set(target)
     m = script.margins(stored, gold)
     for part in (probe, target):

@@ -21,6 +21,9 @@ from icl_ssm.compress.cache import (
     forward_with_prefix,
     window_cache,
 )
+from icl_ssm.compress.cache import (
+    exact_cache as exact_cache,  # dense_cache's earlier name
+)
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load_compressor
 from icl_ssm.compress.generate import generate_with_prefix
 from icl_ssm.compress.pretrained import find_pretrained, load_pretrained

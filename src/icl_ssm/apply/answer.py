@@ -79,12 +79,20 @@ class Answer:
         return row
 
 
+def cache_kind(value: str) -> str:
+    """A shared prefix's cache, one of :data:`CACHES`; ``exact``, the dense cache's earlier name,
+    reads as ``dense``. Anything else is refused with the accepted names."""
+    value = "dense" if value == "exact" else value
+    if value not in CACHES:
+        raise ValueError(f"cache={value!r}; accepted: {', '.join(CACHES)}")
+    return value
+
+
 def shared_prefix(model: PreTrainedModel, builder: PromptBuilder, demos: Sequence[Example], cache: str = "dense",
                   compressor: SSMCompressor | None = None) -> PrefixCache | None:
     """The cache of ``builder.build_prefix(demos)`` (header + demonstrations), one row; None
     when that prefix has no tokens (no BOS, no instruction, no demonstrations)."""
-    if cache not in CACHES:
-        raise ValueError(f"cache={cache!r}; accepted: {', '.join(CACHES)}")
+    cache = cache_kind(cache)
     if cache == "compressed" and compressor is None:
         raise ValueError("cache='compressed' needs a compressor")
     ids = builder.build_prefix(list(demos)).input_ids
@@ -178,6 +186,7 @@ def iter_answers(
     """
     if batch < 1:
         raise ValueError(f"batch={batch}; expected >= 1")
+    cache = cache_kind(cache)
     if retriever is not None and cache != "dense":
         raise ValueError(f"retrieval per input ({retriever}) gives every input a prompt of its own, encoded whole; "
                          f"it shares no prefix to compress (cache={cache!r}): use cache='dense'")

@@ -95,6 +95,8 @@ class PredictionsFile:
         return self.final
 
     def _check(self, saved: dict[str, Any] | None, path: Path) -> None:
+        if isinstance(saved, dict) and saved.get("cache") == "exact":  # the dense cache's earlier name
+            saved = {**saved, "cache": "dense"}
         if saved == self.settings:
             return
         if not isinstance(saved, dict):

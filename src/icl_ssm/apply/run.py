@@ -62,6 +62,10 @@ class AnswerConfig:
     skip_empty: bool = False
     task_options: dict[str, Any] = field(default_factory=dict)  # only with task: get_task's options
 
+    def __post_init__(self) -> None:
+        if self.cache == "exact":  # the dense cache's earlier name
+            self.cache = "dense"
+
     def validate(self) -> None:
         if self.cache not in CACHES:
             raise ValueError(f"--cache {self.cache!r}; accepted: {', '.join(CACHES)}")

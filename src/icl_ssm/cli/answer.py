@@ -11,7 +11,7 @@ import signal
 import sys
 from dataclasses import fields
 
-from icl_ssm.apply.answer import CACHES, CALIBRATION_INPUTS, MIN_BATCH_INPUTS, RETRIEVERS
+from icl_ssm.apply.answer import CACHES, CALIBRATION_INPUTS, MIN_BATCH_INPUTS, RETRIEVERS, cache_kind
 from icl_ssm.apply.run import CALIBRATE, AnswerConfig, plan_answer, run_answer, summary_lines
 from icl_ssm.cli.options import parse_options
 
@@ -19,11 +19,11 @@ INPUT_OPTIONS = ("input_field", "label_field", "target_field", "id_field")
 
 
 def cache_name(value: str) -> str:
-    """``--cache``'s value; ``exact``, its earlier name, is read as ``dense``."""
-    value = "dense" if value == "exact" else value
-    if value not in CACHES:
-        raise argparse.ArgumentTypeError(f"{value!r}; accepted: {', '.join(CACHES)}")
-    return value
+    """``--cache``'s value (:func:`~icl_ssm.apply.answer.cache_kind`: ``exact`` reads as ``dense``)."""
+    try:
+        return cache_kind(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}; accepted: {', '.join(CACHES)}") from None
 
 
 def _interrupt(signum, frame):

@@ -169,6 +169,10 @@ def dense_cache(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tenso
     return PrefixCache(keys, values, mask, next_position=lengths, prompt_length=lengths)
 
 
+
+exact_cache = dense_cache  # the earlier name of dense_cache, kept for code written against it
+
+
 def sink_kv(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | None, num_sink: int):
     """Exact K/V of the first ``num_sink`` tokens of each prompt (they attend only to each
     other, so a forward over them alone is exact)."""
