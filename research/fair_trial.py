@@ -75,10 +75,10 @@ def probe_and_target(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.sort(probe), np.setdiff1d(np.arange(len(labels)), probe)
 
 
-def rankers(ps: dict, labels: np.ndarray, y: np.ndarray, probe: np.ndarray, target: np.ndarray,
-            subsets: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """(target (S,), {ranker: (S,)}) on the given subsets and query indices."""
-    cal = {name: margins(np.array(v, dtype=np.float64), labels) for name, v in ps["query_loss_calibrated"].items()}
+def rankers(cal: dict[str, np.ndarray], raw: np.ndarray, labels: np.ndarray, y: np.ndarray, probe: np.ndarray,
+            target: np.ndarray, subsets: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(target (S,), {ranker: (S,)}) on the given subsets and query indices; ``cal``: every path's
+    (S, Q) calibrated margins, ``raw``: the dense path's (S, Q) raw losses."""
     dense_m = cal["dense"][subsets]
     truth = balanced_calibrated(dense_m[:, target], labels[target])
     out = {f"cache: {name}": balanced_calibrated(m[subsets][:, target], labels[target])
@@ -86,8 +86,7 @@ def rankers(ps: dict, labels: np.ndarray, y: np.ndarray, probe: np.ndarray, targ
     out["dense 4+4"] = balanced_calibrated(dense_m[:, probe], labels[probe])
     k = y.shape[1]
     out["label statistics"] = (y[subsets] @ (np.arange(1, k + 1) / k)) ** 2
-    raw = np.array(ps["query_loss"]["dense"], dtype=np.float64)[subsets]
-    out["dense, lean left in"] = balanced_raw(raw[:, target], labels[target])
+    out["dense, lean left in"] = balanced_raw(raw[subsets][:, target], labels[target])
     return truth, out
 
 
@@ -106,7 +105,9 @@ def analyse(path: str) -> dict:
     y = np.array([[1.0 if splits.pool[i].target == task.labels[1] else -1.0 for i in s] for s in ids])
     S = len(ids)
     probe, target = probe_and_target(labels)
-    truth, ranked = rankers(ps, labels, y, probe, target, np.arange(S))
+    cal = {name: margins(np.array(v, dtype=np.float64), labels) for name, v in ps["query_loss_calibrated"].items()}
+    raw = np.array(ps["query_loss"]["dense"], dtype=np.float64)
+    truth, ranked = rankers(cal, raw, labels, y, probe, target, np.arange(S))
     point = {name: spearman(x, truth) for name, x in ranked.items()}
     rng = np.random.default_rng(SEED)
     draws: dict[str, list[float]] = {name: [] for name in ranked}
@@ -114,7 +115,7 @@ def analyse(path: str) -> dict:
         subsets = rng.integers(0, S, S)
         t = np.concatenate([rng.choice(target[labels[target] == j], (labels[target] == j).sum()) for j in (0, 1)])
         p = np.concatenate([rng.choice(probe[labels[probe] == j], (labels[probe] == j).sum()) for j in (0, 1)])
-        tr, rk = rankers(ps, labels, y, p, t, subsets)
+        tr, rk = rankers(cal, raw, labels, y, p, t, subsets)
         for name, x in rk.items():
             draws[name].append(spearman(x, tr))
     d = {name: np.array(v) for name, v in draws.items()}
@@ -128,9 +129,8 @@ def analyse(path: str) -> dict:
     halves = [target[labels[target] == j] for j in (0, 1)]
     first = np.concatenate([h[0::2] for h in halves])
     second = np.concatenate([h[1::2] for h in halves])
-    dense_m = margins(np.array(ps["query_loss_calibrated"]["dense"], dtype=np.float64), labels)
-    half = spearman(balanced_calibrated(dense_m[:, first], labels[first]),
-                    balanced_calibrated(dense_m[:, second], labels[second]))
+    half = spearman(balanced_calibrated(cal["dense"][:, first], labels[first]),
+                    balanced_calibrated(cal["dense"][:, second], labels[second]))
     return {"record": path, "task": task.name, "k": int(ids.shape[1]), "subsets": S,
             "queries": {"target": len(target), "probe": len(probe)},
             "target_split_half": half, "target_reliability": spearman_brown(half),

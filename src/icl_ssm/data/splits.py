@@ -303,3 +303,11 @@ def validate_k(pool: Sequence[Example], k: int) -> None:
             f"k={k} demonstrations requested but the candidate pool has only {len(pool)} "
             "examples; lower k or enlarge the pool (pool_size=, or a larger task size=)"
         )
+
+
+def split_notes(splits: Splits, task: Task) -> list[str]:
+    """What a task's splits say of themselves before a selection: the splits' own note (sizes
+    fitted to a small file), the task's notes and, for a classification task, a pool whose labels
+    leave little to select (:func:`label_warning`)."""
+    labels = task.labels if task.kind == "classification" else ()
+    return [note for note in (splits.note, *task.notes(), label_warning(splits.pool, labels)) if note]

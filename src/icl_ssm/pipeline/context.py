@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from icl_ssm.data.splits import Splits, label_warning
+from icl_ssm.data.splits import Splits, split_notes
 from icl_ssm.data.tasks import Example, Task, get_task
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.pipeline.config import RunConfig, held_out_start, run_splits
@@ -36,10 +36,8 @@ class Run:
         ``k`` larger than the pool."""
         task = get_task(cfg.task, **cfg.task_options)
         splits = run_splits(cfg, task)
-        labels = task.labels if task.kind == "classification" else ()
-        for note in (splits.note, *task.notes(), label_warning(splits.pool, labels)):
-            if note:
-                say(note)
+        for note in split_notes(splits, task):
+            say(note)
         if cfg.k > len(splits.pool):
             raise ValueError(f"--k {cfg.k} demonstrations requested but the pool of task {task.name!r} has only "
                              f"{len(splits.pool)} candidates; lower --k or raise --pool-size")

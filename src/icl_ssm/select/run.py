@@ -23,7 +23,7 @@ import numpy as np
 
 from icl_ssm.calibrate import no_calibration
 from icl_ssm.compress.compressor import SSMCompressor
-from icl_ssm.data.splits import Splits, label_warning, split
+from icl_ssm.data.splits import Splits, split, split_notes
 from icl_ssm.data.tasks import Example, Task, get_task
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.base import (
@@ -119,8 +119,7 @@ def _resolve(cfg: SelectConfig, model, tokenizer, splits: Splits | None, builder
         raise ValueError(f"--queries {queries}: task {task.name!r} has only {len(splits.validation)} "
                          "validation examples; ask for at most that many")
     validation, test = splits.validation[:queries], splits.test[: cfg.test_size]
-    task_labels = task.labels if task.kind == "classification" else ()
-    notes = [n for n in (splits.note, *task.notes(), label_warning(splits.pool, task_labels)) if n]
+    notes = split_notes(splits, task)
     builder = builder or PromptBuilder.for_model(model, tokenizer, task, chat=cfg.chat)
     return _Run(cfg, model, task, builder, splits, validation, test, notes)
 
