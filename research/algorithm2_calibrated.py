@@ -32,6 +32,7 @@ import numpy as np
 
 from icl_ssm import atomic
 from icl_ssm.calibrate.losses import calibrated_query_losses
+from icl_ssm.compress.builders import DenseCache
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
 from icl_ssm.evaluate.stats import label_weights, spearman, spearman_brown, split_half_spearman
@@ -74,7 +75,7 @@ def run_seed(model, tokenizer, seed: int, subsets_n: int, queries: int, k: int =
     block = permutation_block(len(pool), k)
     subsets = draw_in_blocks(lambda m: balanced_subsets(len(pool), k, m, rng), subsets_n, block)
     builder = PromptBuilder.for_model(model, tokenizer, task)
-    evaluator = CacheEvaluator(model, builder, "dense", loss="nll", batch=8, balance_labels=True)
+    evaluator = CacheEvaluator(model, builder, DenseCache(model), loss="nll", batch=8, balance_labels=True)
     result = evaluator.evaluate(pool, validation, subsets)
     if result.query_scores is None:
         raise SystemExit("the dense evaluator returned no label scores")

@@ -14,6 +14,7 @@ import json
 import numpy as np
 from probe import flipped_label_probe, state_separability  # research/probe.py
 
+from icl_ssm.compress.builders import CompressedCache, DenseCache
 from icl_ssm.compress.compressor import load_compressor
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
@@ -42,15 +43,14 @@ def main(argv: list[str] | None = None) -> dict:
     task = get_task(args.task)
     splits = split(task, pool_size=args.pool_size, seed=args.seed)
     builder = PromptBuilder.for_model(model, tokenizer, task)
-    evaluators = {"dense": CacheEvaluator(model, builder, "dense"),
-                  "compressed": CacheEvaluator(model, builder, "compressed",
-                                               load_compressor(args.compressor, model.config).to(model.device))}
+    compressor = load_compressor(args.compressor, model.config).to(model.device)
+    evaluators = {"dense": CacheEvaluator(model, builder, DenseCache(model)),
+                  "compressed": CacheEvaluator(model, builder, CompressedCache(model, compressor))}
     if args.control:
-        evaluators["control"] = CacheEvaluator(model, builder, "compressed",
-                                               load_compressor(args.control, model.config).to(model.device))
+        control = load_compressor(args.control, model.config).to(model.device)
+        evaluators["control"] = CacheEvaluator(model, builder, CompressedCache(model, control))
     subsets = balanced_subsets(len(splits.pool), args.k, args.subsets, np.random.default_rng([args.seed, 21]))
     out = flipped_label_probe(evaluators, splits.pool, splits.validation[: args.queries], task.labels, subsets)
-    compressor = evaluators["compressed"].compressor
     more = balanced_subsets(len(splits.pool), args.k, args.state_subsets, np.random.default_rng([args.seed, 22]))
     out["state_separability"] = state_separability(model, compressor, builder, splits.pool, task.labels, more)
     out.update(model=args.model, task=args.task, k=args.k, compressor_dir=args.compressor, control_dir=args.control)

@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from icl_ssm import atomic
+from icl_ssm.compress.builders import CompressedCache, DenseCache
 from icl_ssm.compress.compressor import load_compressor
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         orders = [c["indices"] for c in res["candidates"]]
         stored = [c["validation_loss"] for c in res["candidates"]]
         if verify > 0:
-            dense = CacheEvaluator(model, builder, "dense", batch=2, query_batch=32, pack=True)
+            dense = CacheEvaluator(model, builder, DenseCache(model), batch=2, query_batch=32, pack=True)
             again = dense.evaluate(splits.pool, validation, orders[:verify]).losses
             if np.max(np.abs(np.asarray(again) - np.asarray(stored[:verify]))) > 1e-3:
                 raise SystemExit(f"{res['task']} seed {res['seed']} {res['method']}: dense losses {list(again)} "
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                "losses": {"dense": stored}, "chosen": {"dense": int(np.argmin(stored))},
                "seconds_per_order": {"dense": res["seconds"] / len(orders)}, "spearman_with_dense": {}}
         for name, compressor in compressors.items():
-            ev = CacheEvaluator(model, builder, "compressed", compressor=compressor, batch=8, query_batch=32,
+            ev = CacheEvaluator(model, builder, CompressedCache(model, compressor), batch=8, query_batch=32,
                                 pack=True)
             t0 = time.perf_counter()
             losses = [float(x) for x in ev.evaluate(splits.pool, validation, orders).losses]

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from icl_ssm import atomic
+from icl_ssm.compress.builders import DenseCache
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
 from icl_ssm.lm.models import load_model
@@ -50,7 +51,7 @@ def main() -> None:
         task = get_task(run["task"])
         builder = PromptBuilder.for_model(model, tokenizer, task)
         splits = split(task, pool_size=settings["pool_size"], seed=run["seed"])
-        dense = CacheEvaluator(model, builder, "dense", batch=2, query_batch=32, pack=True)
+        dense = CacheEvaluator(model, builder, DenseCache(model), batch=2, query_batch=32, pack=True)
         labels = [splits.pool[i].target for i in run["indices"]]
         t0 = time.perf_counter()
         _, found = search_order(dense, splits.pool, splits.validation[: args.queries], run["indices"], labels,

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from icl_ssm import atomic
+from icl_ssm.compress.builders import DenseCache
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
 from icl_ssm.evaluate.answers import evaluate_prefixes, pad_right
@@ -35,7 +36,7 @@ from icl_ssm.select.evaluators import CacheEvaluator
 
 
 def score(model, builder, demos, examples, query_batch=32):
-    ev = CacheEvaluator(model, builder, "dense", batch=1, query_batch=query_batch)
+    ev = CacheEvaluator(model, builder, DenseCache(model), batch=1, query_batch=query_batch)
     ids, mask = pad_right([builder.build_prefix(list(demos))])
     with torch.no_grad():
         res = evaluate_prefixes(model, builder, ev.build(ids, mask), examples, loss="nll", query_batch=query_batch,

@@ -19,6 +19,7 @@ from icl_ssm.apply.answer import answer_inputs_ref, scores_after_prefix, scores_
 from icl_ssm.apply.inputs import read_inputs
 from icl_ssm.apply.predictions import PARTIAL, PredictionsFile
 from icl_ssm.cli import main
+from icl_ssm.compress.builders import CompressedCache
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
@@ -105,7 +106,7 @@ def test_the_compressed_prefix_answers_from_the_compressor_cache(tmp_path, tiny)
                                                                num_sink=2, latent_size=8))
     answers = answer_inputs(model, tokenizer, selected, data.test[:5], cache="compressed", compressor=compressor)
     builder = PromptBuilder.for_model(model, tokenizer, task)
-    prefix = shared_prefix(model, builder, selected.examples(), "compressed", compressor)
+    prefix = shared_prefix(model, builder, selected.examples(), CompressedCache(model, compressor))
     assert prefix.length == 6  # 2 sinks + 4 virtual slots, not the prompt
     scores = scores_after_prefix(model, builder, prefix, [builder.build_suffix(q).input_ids for q in data.test[:5]])[1]
     assert [a.answer for a in answers] == [task.labels[i] for i in scores.argmax(-1).tolist()]

@@ -11,6 +11,7 @@ from icl_ssm_bench.headroom import headroom_summary
 from icl_ssm_bench.select_order import order_tables, tail_run
 
 from icl_ssm.cli import main
+from icl_ssm.compress.builders import DenseCache
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
@@ -146,7 +147,7 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
     builder = PromptBuilder.for_model(model, tokenizer, task)
     row = perm["rows"][0]
     stream = balanced_subsets(12, 3, 8, np.random.default_rng(0))
-    losses = CacheEvaluator(model, builder, "dense", pack=True, balance_labels=True).evaluate(
+    losses = CacheEvaluator(model, builder, DenseCache(model), pack=True, balance_labels=True).evaluate(
         splits.pool, splits.validation[:3], stream).losses
     chosen = sorted(top_k(np.nan_to_num(mean_affinity(stream, losses, 12)[0], nan=-np.inf), 3))
     rng = order_rng(0)
@@ -160,7 +161,7 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
     rows = {r["estimator"]: r for r in json.loads(quota.read_text())["rows"]}
     assert set(rows) == {"mean", "ridge", "mean/per-label", "ridge/per-label"}  # no adaptive rounds
     stream = balanced_subsets(12, 4, 8, np.random.default_rng(0))
-    losses = CacheEvaluator(model, builder, "dense", pack=True).evaluate(
+    losses = CacheEvaluator(model, builder, DenseCache(model), pack=True).evaluate(
         splits.pool, splits.validation[:3], stream).losses
     scores = mean_affinity(stream, losses, 12)[0]
     assert rows["mean"]["indices"] == top_k(scores, 4)
@@ -175,7 +176,7 @@ def test_selection_benchmarks_produce_tables(tmp_path, capsys):
     assert rows["mean"]["indices"] == top_k(scores, 4)  # the uniform rows as before
     labels = [e.target for e in splits.pool]
     stream = stratified_subsets(labels, 4, 8, np.random.default_rng(0))
-    losses = CacheEvaluator(model, builder, "dense", pack=True).evaluate(
+    losses = CacheEvaluator(model, builder, DenseCache(model), pack=True).evaluate(
         splits.pool, splits.validation[:3], stream).losses
     assert rows["ridge/stratified"]["indices"] == top_k_per_label(ridge_affinity(stream, losses, 12)[0], labels, 4)
     assert rows["mean/stratified"]["labels"] == {"no": 2, "yes": 2}

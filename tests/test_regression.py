@@ -382,6 +382,7 @@ def stage1_ok(history):
 def test_regression_evaluator_scores_subsets_as_the_dense_prompt_does():
     from icl_ssm_bench.synthetic.select import RegressionEvaluator, nearest_prompts, split_examples, test_errors
 
+    from icl_ssm.compress.builders import CompressedCache, DenseCache, WindowCache
     from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
     from icl_ssm.select.affinity import AffinitySelector
 
@@ -389,7 +390,7 @@ def test_regression_evaluator_scores_subsets_as_the_dense_prompt_does():
     task = RegressionTask("linear", d=4, clusters=2, seed=0)
     split = task.sample_selection(np.random.default_rng(0), 20, 0.5, 3, 5)
     pool, valid, test = split_examples(split)
-    dense = RegressionEvaluator(teacher, split, "dense", batch=2)
+    dense = RegressionEvaluator(teacher, split, DenseCache(teacher), batch=2)
     subsets = [[0, 1, 2], [5, 3, 9], [19, 4, 7]]
     got = dense.evaluate(pool, valid, subsets)
     with torch.no_grad():
@@ -402,10 +403,11 @@ def test_regression_evaluator_scores_subsets_as_the_dense_prompt_does():
             assert loss == pytest.approx(per_query.mean())
     assert got.cost.flops > 0 and got.tokens == 3 * (6 + 3)
     config = SSMCompressorConfig.for_teacher(teacher.config, state_size=8, num_virtual=2, num_sink=2, latent_size=8)
-    compressed = RegressionEvaluator(teacher, split, "compressed", SSMCompressor(config).eval())
+    compressed = RegressionEvaluator(teacher, split, CompressedCache(teacher, SSMCompressor(config).eval()))
     assert compressed.evaluate(pool, valid[:2], subsets).query_losses.shape == (3, 2)
-    window = RegressionEvaluator(teacher, split, "window", n_window=2, num_sink=2)
-    assert window.evaluate(pool, valid, subsets).losses.shape == (3,)
+    window = RegressionEvaluator(teacher, split, WindowCache(teacher, num_sink=2, n_window=2))
+    got_window = window.evaluate(pool, valid, subsets)
+    assert got_window.losses.shape == (3,) and got_window.tokens == 3 * (2 + 2 + 3)
     sel = AffinitySelector(dense, subsets=12).select(pool, valid, 3, np.random.default_rng(0))
     assert len(sel.indices) == 3 and sel.details["evaluator"] == "dense"
     one = test_errors(teacher, split, [sel.indices])
@@ -414,7 +416,7 @@ def test_regression_evaluator_scores_subsets_as_the_dense_prompt_does():
     d = ((split.pool_x - split.test_x[0]) ** 2).sum(1)
     assert len(near) == 5 and near[0][-1] == int(np.argmin(d))
     assert test_errors(teacher, split, near).shape == (5,)
-    with pytest.raises(ValueError, match="cache='nope'"):
+    with pytest.raises(TypeError, match="cache='nope': expected a CacheBuilder"):
         RegressionEvaluator(teacher, split, "nope")
 
 

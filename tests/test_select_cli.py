@@ -12,6 +12,7 @@ import torch
 
 from icl_ssm.cli import main
 from icl_ssm.compress import pretrained as pretrained_mod
+from icl_ssm.compress.builders import DenseCache
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
@@ -150,7 +151,8 @@ def test_stratify_draws_every_subset_with_the_labels_in_even_shares(files, tmp_p
     splits = split(task, pool_size=24, seed=0)
     labels = [e.target for e in splits.pool]
     subsets = stratified_subsets(labels, 4, 12, np.random.default_rng(0))
-    losses = CacheEvaluator(model, PromptBuilder.for_model(model, tokenizer, task), "dense", pack=True).evaluate(
+    builder = PromptBuilder.for_model(model, tokenizer, task)
+    losses = CacheEvaluator(model, builder, DenseCache(model), pack=True).evaluate(
         splits.pool, splits.validation[:3], subsets).losses
     scores = mean_affinity(subsets, losses, 24)[0]
     assert summary["indices"] == top_k_per_label(scores, labels, 4)

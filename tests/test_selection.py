@@ -14,6 +14,7 @@ import torch
 from helpers import qa_task
 
 from icl_ssm.compress import pretrained as pretrained_mod
+from icl_ssm.compress.builders import CompressedCache, DenseCache, cache_for
 from icl_ssm.compress.cache import compress_demonstrations, dense_cache
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.compress.generate import generate_with_prefix
@@ -375,17 +376,17 @@ def test_batched_evaluation_equals_one_at_a_time(setup):
     model, builder, splits, comp = setup
     pool, val = splits.pool[:20], splits.validation[:3]
     subs = balanced_subsets(20, 3, 5, np.random.default_rng(0))
-    for cache in ("compressed", "dense"):
-        batched = CacheEvaluator(model, builder, cache, comp, batch=5, query_batch=7).evaluate(pool, val, subs)
-        single = CacheEvaluator(model, builder, cache, comp, batch=1, query_batch=1).evaluate(pool, val, subs)
-        packed = CacheEvaluator(model, builder, cache, comp, batch=5, query_batch=7, pack=True).evaluate(
+    for cache in (CompressedCache(model, comp), DenseCache(model)):
+        batched = CacheEvaluator(model, builder, cache, batch=5, query_batch=7).evaluate(pool, val, subs)
+        single = CacheEvaluator(model, builder, cache, batch=1, query_batch=1).evaluate(pool, val, subs)
+        packed = CacheEvaluator(model, builder, cache, batch=5, query_batch=7, pack=True).evaluate(
             pool, val, subs)
         np.testing.assert_allclose(batched.losses, single.losses, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(packed.losses, single.losses, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(packed.query_losses, single.query_losses, rtol=1e-4, atol=1e-5)
         assert batched.cost.flops > 0 and batched.tokens > 0 and packed.tokens == batched.tokens
     per_query = PerQueryDenseEvaluator(model, builder, batch=2).evaluate(pool, val, subs)
-    dense = CacheEvaluator(model, builder, "dense").evaluate(pool, val, subs)
+    dense = CacheEvaluator(model, builder, DenseCache(model)).evaluate(pool, val, subs)
     np.testing.assert_allclose(per_query.losses, dense.losses, rtol=1e-4, atol=1e-5)
     assert per_query.tokens > dense.tokens  # the prompt is re-read for every query
 
@@ -417,22 +418,22 @@ def test_sampled_flops_stay_close_to_flops_counted_on_every_batch(setup):
     pool, val = splits.pool[:30], splits.validation[:3]
     rng = np.random.default_rng(1)
     subs = [sorted(rng.choice(30, size=int(rng.integers(1, 6)), replace=False).tolist()) for _ in range(30)]
-    for cache in ("compressed", "dense"):
+    for cache in (CompressedCache(model, comp), DenseCache(model)):
         for pack in (True, False):
-            counted = CacheEvaluator(model, builder, cache, comp, batch=3, pack=pack, flops="count").evaluate(
+            counted = CacheEvaluator(model, builder, cache, batch=3, pack=pack, flops="count").evaluate(
                 pool, val, subs)
-            ev = CacheEvaluator(model, builder, cache, comp, batch=3, pack=pack)
+            ev = CacheEvaluator(model, builder, cache, batch=3, pack=pack)
             sampled = ev.evaluate(pool, val, subs)
             [form] = ev._flop_samples.values()
             assert form.estimated > 0 and len(form.counted) + form.estimated == 10  # some batches uncounted
             assert sampled.cost.flops == pytest.approx(counted.cost.flops, rel=0.01)
             np.testing.assert_allclose(sampled.losses, counted.losses, rtol=1e-5)
-            few = CacheEvaluator(model, builder, cache, comp, batch=3, pack=pack).evaluate(pool, val, subs[:9])
-            assert few.cost.flops == CacheEvaluator(model, builder, cache, comp, batch=3, pack=pack,
+            few = CacheEvaluator(model, builder, cache, batch=3, pack=pack).evaluate(pool, val, subs[:9])
+            assert few.cost.flops == CacheEvaluator(model, builder, cache, batch=3, pack=pack,
                                                     flops="count").evaluate(pool, val, subs[:9]).cost.flops
-    assert CacheEvaluator(model, builder, "dense", flops="off").evaluate(pool, val, subs[:2]).cost.flops == 0
+    assert CacheEvaluator(model, builder, DenseCache(model), flops="off").evaluate(pool, val, subs[:2]).cost.flops == 0
     with pytest.raises(ValueError, match="flops='every'; accepted: sample, count, off"):
-        CacheEvaluator(model, builder, "dense", flops="every")
+        CacheEvaluator(model, builder, DenseCache(model), flops="every")
 
 
 def test_shape_flops_counts_new_lengths_and_interpolates_between_them():
@@ -455,8 +456,8 @@ def test_evaluators_keep_every_query_loss(setup):
     model, builder, splits, comp = setup
     pool, val = splits.pool[:20], splits.validation[:4]
     subs = balanced_subsets(20, 3, 5, np.random.default_rng(0))
-    for ev in (CacheEvaluator(model, builder, "compressed", comp, batch=2),
-               CacheEvaluator(model, builder, "dense", batch=2, balance_labels=True),
+    for ev in (CacheEvaluator(model, builder, CompressedCache(model, comp), batch=2),
+               CacheEvaluator(model, builder, DenseCache(model), batch=2, balance_labels=True),
                PerQueryDenseEvaluator(model, builder, batch=2, balance_labels=True)):
         out = ev.evaluate(pool, val, subs)
         assert out.query_losses.shape == (5, 4)
@@ -465,7 +466,8 @@ def test_evaluators_keep_every_query_loss(setup):
         else:
             assert out.query_labels.tolist() == [builder.label_index(q) for q in val]
             np.testing.assert_allclose(out.query_losses @ label_weights(out.query_labels), out.losses, rtol=1e-6)
-    sel = AffinitySelector(CacheEvaluator(model, builder, "dense", batch=4), subsets=12, adaptive=0.25).select(
+    dense = CacheEvaluator(model, builder, DenseCache(model), batch=4)
+    sel = AffinitySelector(dense, subsets=12, adaptive=0.25).select(
         pool, val, 4, np.random.default_rng(0))
     assert sel.details["split_half"] is not None and -1 <= sel.details["split_half"] <= 1
     assert sel.details["reliability"] == pytest.approx(spearman_brown(sel.details["split_half"]))
@@ -492,8 +494,8 @@ def test_label_balanced_subset_losses_weigh_each_label_alike(setup):
     val = [q for q, g in zip(splits.validation, gold) if g == first][:3] + \
           [next(q for q, g in zip(splits.validation, gold) if g != first)]
     subs = balanced_subsets(20, 3, 5, np.random.default_rng(0))
-    plain = CacheEvaluator(model, builder, "dense", batch=5)
-    balanced = CacheEvaluator(model, builder, "dense", batch=5, balance_labels=True)
+    plain = CacheEvaluator(model, builder, DenseCache(model), batch=5)
+    balanced = CacheEvaluator(model, builder, DenseCache(model), batch=5, balance_labels=True)
     ids, mask = pad_right([builder.build_prefix([pool[i] for i in s]) for s in subs])
     per_query = evaluate_prefixes(model, builder, dense_cache(model, ids, mask), val).loss.double().numpy()
     want = per_query[:, :3].mean(1) / 2 + per_query[:, 3] / 2
@@ -510,17 +512,19 @@ def test_affinity_on_compressed_caches_end_to_end(setup):
     model, builder, splits, comp = setup
     pool, val = splits.pool[:16], splits.validation[:2]
     ticks = []
-    selector = AffinitySelector(CacheEvaluator(model, builder, "compressed", comp, batch=4), subsets=12,
+    selector = AffinitySelector(CacheEvaluator(model, builder, CompressedCache(model, comp), batch=4), subsets=12,
                                   chunk=4, hooks=Hooks(on_progress=ticks.append))
     sel = selector.select(pool, val, 4, np.random.default_rng(0))
     assert len(set(sel.indices)) == 4 and sel.subsets == 12 == sum(ticks)
     assert sel.cost.flops > 0 and np.isfinite(sel.scores).all()
-    again = AffinitySelector(CacheEvaluator(model, builder, "compressed", comp, batch=3), subsets=12).select(
+    again = AffinitySelector(CacheEvaluator(model, builder, CompressedCache(model, comp), batch=3), subsets=12).select(
         pool, val, 4, np.random.default_rng(0))
     assert again.indices == sel.indices
     result = evaluate_selection(model, builder, sel.examples(pool), splits.test[:5])
     assert 0.0 <= result["accuracy"] <= 1.0 and result["flops"] > 0
     with pytest.raises(ValueError, match="needs a compressor"):
+        cache_for("compressed", model)
+    with pytest.raises(TypeError, match="expected a CacheBuilder"):
         CacheEvaluator(model, builder, "compressed")
 
 

@@ -13,6 +13,16 @@ This module exports the user API, the entry point of every stage and the extensi
 
 from icl_ssm.apply.answer import Answer, answer_inputs
 from icl_ssm.apply.export import export_selection
+from icl_ssm.compress.builders import (
+    CacheBuilder,
+    CompressedCache,
+    ControlCache,
+    DenseCache,
+    LMInfiniteCache,
+    StreamingCache,
+    WindowCache,
+    cache_for,
+)
 from icl_ssm.compress.cache import (
     PrefixCache,
     compress_demonstrations,
@@ -60,6 +70,8 @@ __all__ = [
     "HiPPOSSM", "SSMCompressor", "SSMCompressorConfig", "load_compressor", "load_pretrained", "find_pretrained",
     "PrefixCache", "dense_cache", "compressed_cache", "window_cache", "compress_demonstrations",
     "forward_with_prefix", "generate_with_prefix",
+    "CacheBuilder", "DenseCache", "CompressedCache", "ControlCache", "WindowCache", "StreamingCache",
+    "LMInfiniteCache", "cache_for",
     # selection
     "SELECTORS", "Selector", "register_selector", "Selection", "AffinitySelector", "SubsetEvaluator",
     "CacheEvaluator", "evaluate_selection",

@@ -33,6 +33,7 @@ import torch
 from icl_ssm import atomic
 from icl_ssm.calibrate import NONE, no_calibration
 from icl_ssm.calibrate.losses import SEARCHED
+from icl_ssm.compress.builders import DenseCache
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
 from icl_ssm.evaluate.stats import paired_bootstrap
@@ -55,7 +56,8 @@ def arm_prompt(arm: str, model, builder: PromptBuilder, pool, validation, k: int
     """``(pool indices in prompt order, calibration method, details)`` of one arm's prompt."""
     labels = tuple(builder.task.labels)
     if arm in SEARCHES:
-        confirm = CacheEvaluator(model, builder, "dense", batch=1, query_batch=32, balance_labels=True, flops="off")
+        confirm = CacheEvaluator(model, builder, DenseCache(model), batch=1, query_batch=32, balance_labels=True,
+                                 flops="off")
         search = PromptSearch(confirm=confirm, budget=budget_seconds, labels=labels, screen_name="none",
                               confirm_queries=min(64, len(validation)),
                               calibrations=SEARCHED if arm == "calibrated-search" else ())

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from icl_ssm.compress.builders import cache_for
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import Example, get_task
 from icl_ssm.lm.prompts import PromptBuilder
@@ -133,7 +134,7 @@ def estimators(cfg: EstimatorsConfig, save_partial: Callable[[dict], None] | Non
     model, tokenizer, compressor = load(cfg.model, cfg.compressor)
     task = get_task(cfg.task)
     builder = PromptBuilder.for_model(model, tokenizer, task)
-    inner = CacheEvaluator(model, builder, cfg.evaluator, compressor, batch=cfg.batch,
+    inner = CacheEvaluator(model, builder, cache_for(cfg.evaluator, model, compressor), batch=cfg.batch,
                              query_batch=cfg.query_batch, balance_labels=cfg.balance_labels)
     rows = []
     for seed in cfg.seeds:

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 from transformers import PretrainedConfig, PreTrainedModel
 
+from icl_ssm.compress.builders import CompressedCache, DenseCache
 from icl_ssm.compress.cache import PrefixCache, compressed_cache, dense_cache, teacher_forward
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, head_dim, kv_heads
 from icl_ssm.cost import measure, peak_rss, rss_bytes, rss_peak, track_freed_memory
@@ -57,6 +58,24 @@ from icl_ssm_bench.shapes import (
 )
 
 # ---------------------------------------------------------------- the benchmark
+
+@dataclass(frozen=True)
+class LeanDenseCache:
+    """The dense prefix of :func:`dense_cache` without the LM head over the prompt (a cost
+    comparator: the logits of the prompt's own tokens are never read)."""
+
+    model: PreTrainedModel
+    name: str = "dense-lean"
+
+    def __call__(self, input_ids: Tensor, attention_mask: Tensor) -> PrefixCache:
+        out = teacher_forward(self.model, input_ids, attention_mask, logits_to_keep=1)
+        keys, values = kv_from_cache(output_cache(out))
+        lengths = attention_mask.sum(1)
+        return PrefixCache(keys, values, attention_mask.bool(), next_position=lengths, prompt_length=lengths)
+
+    def tokens(self, attention_mask: Tensor) -> int:
+        return int(attention_mask.sum())
+
 
 @dataclass
 class ScaleConfig:
@@ -148,30 +167,23 @@ class _Bench:
         The dense prefix is measured on the packed query path alone (``select``'s default)."""
         m, b, qb = self.model, self.builder, self.cfg.query_batch
         out: dict[str, SubsetEvaluator] = {
-            "dense-packed": CacheEvaluator(m, b, "dense", batch=batch, query_batch=qb, pack=True),
-            "dense-lean-packed": CacheEvaluator(m, b, self.lean_dense, batch=batch, query_batch=qb, pack=True),
-            "compressed": CacheEvaluator(m, b, "compressed", self.compressors["recipe"], batch=batch,
+            "dense-packed": CacheEvaluator(m, b, DenseCache(m), batch=batch, query_batch=qb, pack=True),
+            "dense-lean-packed": CacheEvaluator(m, b, LeanDenseCache(m), batch=batch, query_batch=qb, pack=True),
+            "compressed": CacheEvaluator(m, b, CompressedCache(m, self.compressors["recipe"]), batch=batch,
                                          query_batch=qb, pack=False),
         }
         for c, compressor in self.compressors.items():
             prefix = "" if c == "recipe" else f"{c}-"
-            out[f"{prefix}compressed-packed"] = CacheEvaluator(m, b, "compressed", compressor, batch=batch,
+            out[f"{prefix}compressed-packed"] = CacheEvaluator(m, b, CompressedCache(m, compressor), batch=batch,
                                                                 query_batch=qb, pack=True)
         return out
 
     def per_query(self) -> PerQueryDenseEvaluator:
         return PerQueryDenseEvaluator(self.model, self.builder, batch=self.cfg.query_batch)
 
-    def lean_dense(self, input_ids: Tensor, attention_mask: Tensor) -> PrefixCache:
-        """The dense prefix of :func:`dense_cache` without the LM head over the prompt."""
-        out = teacher_forward(self.model, input_ids, attention_mask, logits_to_keep=1)
-        keys, values = kv_from_cache(output_cache(out))
-        lengths = attention_mask.sum(1)
-        return PrefixCache(keys, values, attention_mask.bool(), next_position=lengths, prompt_length=lengths)
-
     def builds(self) -> dict[str, Callable[[Tensor, Tensor], PrefixCache]]:
         """The cache builds measured alone: ``(ids, mask) -> PrefixCache``."""
-        out = {"dense": lambda ids, mask: dense_cache(self.model, ids, mask), "dense-lean": self.lean_dense}
+        out = {"dense": lambda ids, mask: dense_cache(self.model, ids, mask), "dense-lean": LeanDenseCache(self.model)}
         for c, compressor in self.compressors.items():
             out["compressed" if c == "recipe" else f"{c}-compressed"] = (
                 lambda ids, mask, comp=compressor: compressed_cache(self.model, comp, ids, mask))

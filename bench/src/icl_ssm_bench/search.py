@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from icl_ssm import atomic
+from icl_ssm.compress.builders import cache_for
 from icl_ssm.compress.compressor import check_compressor_dir, load_compressor
 from icl_ssm.compress.pretrained import find_pretrained
 from icl_ssm.data.splits import split
@@ -50,7 +51,7 @@ def search_arm(arm: str, model, builder, compressors: dict[str, Any], budget_sec
     labels = tuple(builder.task.labels) if builder.task.kind == "classification" else ()
 
     def ev(cache: str, compressor=None) -> CacheEvaluator:
-        return CacheEvaluator(model, builder, cache, compressor, batch=batch, query_batch=query_batch,
+        return CacheEvaluator(model, builder, cache_for(cache, model, compressor), batch=batch, query_batch=query_batch,
                               balance_labels=bool(labels), flops="off")
 
     screen = None

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from icl_ssm.compress.builders import cache_for
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import Example, get_task
 from icl_ssm.lm.prompts import PromptBuilder
@@ -60,7 +61,7 @@ def select_cost(cfg: SelectCostConfig) -> dict:
         subsets = balanced_subsets(len(splits.pool), k, cfg.subsets + 1, np.random.default_rng(cfg.seed))
         evaluators = {  # each query path: batched (a cache copy per query, padded) and packed
             f"{cache}{'-packed' if pack else ''}": CacheEvaluator(
-                model, builder, cache, compressor if cache == "compressed" else None, batch=1,
+                model, builder, cache_for(cache, model, compressor), batch=1,
                 query_batch=cfg.query_batch, pack=pack)
             for pack in (False, True) for cache in ("compressed", "dense")
         }

@@ -32,7 +32,8 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from icl_ssm.calibrate import Calibration
-from icl_ssm.compress.cache import PrefixCache, compressed_cache, dense_cache
+from icl_ssm.compress.builders import CACHES, CacheBuilder, DenseCache, cache_for
+from icl_ssm.compress.cache import PrefixCache
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.data.tasks import Example, Task
 from icl_ssm.evaluate.answers import answer_logits_packed
@@ -44,7 +45,6 @@ from icl_ssm.select.per_query import PER_QUERY_METHODS, bm25_prompts, topk_promp
 from icl_ssm.select.selected import SelectedPrompt
 
 FROM_SELECTION = "selection"  # calibration: the one saved with the selection (None: raw scores)
-CACHES = ("dense", "compressed")  # the shared prefix: the model's own K/V, or a compressor's slots
 RETRIEVERS = PER_QUERY_METHODS  # demonstrations retrieved for each input instead of one prompt for all
 
 
@@ -88,19 +88,17 @@ def cache_kind(value: str) -> str:
     return value
 
 
-def shared_prefix(model: PreTrainedModel, builder: PromptBuilder, demos: Sequence[Example], cache: str = "dense",
-                  compressor: SSMCompressor | None = None) -> PrefixCache | None:
-    """The cache of ``builder.build_prefix(demos)`` (header + demonstrations), one row; None
-    when that prefix has no tokens (no BOS, no instruction, no demonstrations)."""
-    cache = cache_kind(cache)
-    if cache == "compressed" and compressor is None:
-        raise ValueError("cache='compressed' needs a compressor")
+def shared_prefix(model: PreTrainedModel, builder: PromptBuilder, demos: Sequence[Example],
+                  cache: CacheBuilder | None = None) -> PrefixCache | None:
+    """``cache``'s prefix (default :class:`~icl_ssm.compress.builders.DenseCache`) of
+    ``builder.build_prefix(demos)`` (header + demonstrations), one row; None when that prefix has
+    no tokens (no BOS, no instruction, no demonstrations)."""
     ids = builder.build_prefix(list(demos)).input_ids
     if not ids:
         return None
     tokens = torch.tensor([ids], device=model.device)  # (1, T)
     with torch.no_grad():
-        return dense_cache(model, tokens) if cache == "dense" else compressed_cache(model, compressor, tokens)
+        return (cache or DenseCache(model))(tokens, torch.ones_like(tokens, dtype=torch.bool))
 
 
 def scores_after_prefix(model: PreTrainedModel, builder: PromptBuilder, prefix: PrefixCache | None,
@@ -208,7 +206,7 @@ def iter_answers(
             yield [_with_demos(a, [pool[i].id for i in p], list(p)) for a, p in zip(answers, picks, strict=True)]
         return
     demos = selected.examples()
-    prefix = shared_prefix(model, builder, demos, cache, compressor)
+    prefix = shared_prefix(model, builder, demos, cache_for(cache, model, compressor))
     for start in range(0, len(inputs), batch):
         chunk = inputs[start: start + batch]
         if prefix is None:  # nothing before the inputs: each prompt is its input alone

@@ -6,7 +6,7 @@ per-query losses and label scores read from them (multi-token labels through
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -25,10 +25,6 @@ from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.scoring import answer_loss
 
 LOSSES = ("nll", "ce")  # gold-verbaliser NLL, or cross-entropy over the label set
-
-
-# (input_ids (B, T), attention_mask (B, T), right-padded) -> a cache standing for each row
-CacheBuilder = Callable[[Tensor, Tensor], PrefixCache]
 
 
 def pad_right(prompts: Sequence[PromptLike], pad_id: int = 0) -> tuple[Tensor, Tensor]:

@@ -18,13 +18,19 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from icl_ssm.compress.baselines import lm_infinite_cache, streaming_cache
-from icl_ssm.compress.cache import compressed_cache, dense_cache, window_cache
+from icl_ssm.compress.builders import (
+    CacheBuilder,
+    CompressedCache,
+    ControlCache,
+    DenseCache,
+    LMInfiniteCache,
+    StreamingCache,
+    WindowCache,
+)
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.cost import measure
 from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.answers import (
-    CacheBuilder,
     LogitAgreement,
     PrefixEval,
     evaluate_prefixes,
@@ -85,19 +91,16 @@ def cache_paths(
     n_window = c.num_virtual + c.num_recent if n_window is None else n_window
     if n_window < 0:
         raise ValueError(f"n_window={n_window}: expected >= 0 prompt tokens")
-    paths: dict[str, CacheBuilder] = {
-        "dense": lambda ids, mask: dense_cache(model, ids, mask),
-        "compressed": lambda ids, mask: compressed_cache(model, compressor, ids, mask),
-    }
+    builders: list[CacheBuilder] = [DenseCache(model), CompressedCache(model, compressor)]
     if control is not None:
-        paths["control"] = lambda ids, mask: compressed_cache(model, control, ids, mask)
-    paths["window"] = lambda ids, mask: window_cache(model, ids, mask, c.num_sink, n_window, c.position)
+        builders.append(ControlCache(model, control))
+    builders.append(WindowCache(model, c.num_sink, n_window, c.position))
     if "streaming" in baselines:
-        paths["streaming"] = lambda ids, mask: streaming_cache(model, ids, mask, c.num_sink, n_window)
+        builders.append(StreamingCache(model, c.num_sink, n_window))
     if "lm-infinite" in baselines:
-        paths["lm-infinite"] = lambda ids, mask: lm_infinite_cache(model, ids, mask, c.num_sink, n_window)
-    for name, other in (also or {}).items():
-        paths[name] = lambda ids, mask, other=other: compressed_cache(model, other, ids, mask)
+        builders.append(LMInfiniteCache(model, c.num_sink, n_window))
+    builders += [CompressedCache(model, other, name=name) for name, other in (also or {}).items()]
+    paths = {b.name: b for b in builders}
     return paths
 
 

@@ -2,7 +2,7 @@
 
 A selector turns a candidate pool and a validation set into ``k`` demonstrations::
 
-    selection = SELECTORS["affinity"](evaluator=CacheEvaluator(model, builder, "compressed", compressor))
+    selector = SELECTORS["affinity"](evaluator=CacheEvaluator(model, builder, CompressedCache(model, compressor)))
     selection = selector.select(pool, validation, k, rng)   # -> Selection
 
 ``affinity`` samples ``M`` subsets of size ``k``, asks a :class:`SubsetEvaluator` for each

@@ -11,10 +11,10 @@ import torch
 from transformers import PreTrainedModel
 
 from icl_ssm.calibrate import Calibration, estimate
-from icl_ssm.compress.compressor import SSMCompressor
+from icl_ssm.compress.builders import CacheBuilder, DenseCache
 from icl_ssm.cost import measure
 from icl_ssm.data.tasks import Example
-from icl_ssm.evaluate.answers import CacheBuilder, evaluate_prefixes, pad_right
+from icl_ssm.evaluate.answers import evaluate_prefixes, pad_right
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.evaluators import CacheEvaluator
 
@@ -25,14 +25,14 @@ def evaluate_selection(
     demos: Sequence[Example],
     test: Sequence[Example],
     *,
-    cache: str | CacheBuilder = "dense",
-    compressor: SSMCompressor | None = None,
+    cache: CacheBuilder | None = None,
     loss: str = "nll",
     query_batch: int = 32,
     per_query: bool = False,
 ) -> dict[str, Any]:
-    """Accuracy and mean loss of the prompt made of ``demos`` on ``test``, with any evaluator's
-    cache (``"dense"`` by default: the real prompt). ``per_query`` adds every test query's
+    """Accuracy and mean loss of the prompt made of ``demos`` on ``test``, after ``cache`` (a
+    :class:`~icl_ssm.compress.builders.CacheBuilder`; the dense cache, the real prompt, by default).
+    ``per_query`` adds every test query's
     ``correct`` (0/1), ``pred`` (the predicted label index; -1 for generative tasks) and, for a
     classification task, ``scores`` (``(Q, L)`` as lists: every label's verbaliser
     log-likelihood, what a calibration reads).
@@ -43,7 +43,7 @@ def evaluate_selection(
     """
     if not test:
         raise ValueError("the test set is empty")
-    ev = CacheEvaluator(model, builder, cache, compressor, loss=loss, batch=1, query_batch=query_batch)
+    ev = CacheEvaluator(model, builder, cache or DenseCache(model), loss=loss, batch=1, query_batch=query_batch)
     ids, mask = pad_right([builder.build_prefix(list(demos))])
     device = model.device
     with torch.no_grad(), measure(device) as cost:
@@ -68,7 +68,7 @@ def prompt_scores(model: PreTrainedModel, builder: PromptBuilder, demos: Sequenc
         return torch.zeros((0, len(builder.task.labels)))
     ids, mask = pad_right([builder.build_prefix(list(demos))])
     device = model.device
-    ev = CacheEvaluator(model, builder, "dense", None, batch=1, query_batch=query_batch)
+    ev = CacheEvaluator(model, builder, DenseCache(model), batch=1, query_batch=query_batch)
     with torch.no_grad():
         result = evaluate_prefixes(model, builder, ev.build(ids.to(device), mask.to(device)), inputs,
                                    query_batch=query_batch, keep_logits=False, pack=True, labelled=False)

@@ -14,11 +14,12 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from icl_ssm.compress.cache import PrefixCache, compressed_cache, dense_cache
+from icl_ssm.compress.builders import CacheBuilder, cache_for
+from icl_ssm.compress.cache import PrefixCache
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.cost import Cost, ShapeFlops, measure
 from icl_ssm.data.tasks import Example
-from icl_ssm.evaluate.answers import LOSSES, CacheBuilder, evaluate_prefixes, pad_right
+from icl_ssm.evaluate.answers import LOSSES, evaluate_prefixes, pad_right
 from icl_ssm.evaluate.stats import label_weights, queries_for_reliability, spearman_brown, split_half_spearman
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.scoring import answer_loss
@@ -116,8 +117,9 @@ def reliability(half: float, queries: int, target: float = RELIABILITY_TARGET) -
 class CacheEvaluator(SubsetEvaluator):
     """Each subset's prefix turned into a cache, every validation query answered after it.
 
-    ``cache``: ``"compressed"`` (needs ``compressor``), ``"dense"`` (the exact prefix cache,
-    computed once per subset and shared by its queries) or any ``CacheBuilder``. ``batch``
+    ``cache``: a :class:`~icl_ssm.compress.builders.CacheBuilder` (:class:`DenseCache`, the
+    exact prefix cache computed once per subset and shared by its queries;
+    :class:`CompressedCache`; any other), whose ``name`` the evaluator takes. ``batch``
     subsets are encoded together (each row its own cache) and ``query_batch`` (subset, query)
     pairs answered together. Tokens counted: the transformer's input tokens (the prompt for
     dense, the sinks for compressed, plus every query suffix); the SSM reads embeddings.
@@ -138,8 +140,7 @@ class CacheEvaluator(SubsetEvaluator):
 
     model: PreTrainedModel
     builder: PromptBuilder
-    cache: str | CacheBuilder = "compressed"
-    compressor: SSMCompressor | None = None
+    cache: CacheBuilder
     loss: str = "nll"
     batch: int = 8
     query_batch: int = 32
@@ -155,20 +156,15 @@ class CacheEvaluator(SubsetEvaluator):
             raise ValueError(f"loss={self.loss!r}; accepted: {', '.join(LOSSES)}")
         if self.batch < 1 or self.query_batch < 1:
             raise ValueError(f"batch={self.batch}, query_batch={self.query_batch}: expected >= 1")
-        if self.cache == "compressed" and self.compressor is None:
-            raise ValueError("cache='compressed' needs a compressor (load one with load_compressor)")
-        if isinstance(self.cache, str) and self.cache not in ("compressed", "dense"):
-            raise ValueError(f"cache={self.cache!r}; accepted: 'compressed', 'dense' or a cache builder")
+        if not isinstance(self.cache, CacheBuilder):
+            raise TypeError(f"cache={self.cache!r}: expected a CacheBuilder (icl_ssm.compress.builders: DenseCache, "
+                            "CompressedCache, ...); cache_for(name, model, compressor) makes one from a name")
 
     @property
     def name(self) -> str:  # type: ignore[override]
-        return self.cache if isinstance(self.cache, str) else "custom"
+        return self.cache.name
 
     def build(self, ids: Tensor, mask: Tensor) -> PrefixCache:
-        if self.cache == "dense":
-            return dense_cache(self.model, ids, mask)
-        if self.cache == "compressed":
-            return compressed_cache(self.model, self.compressor, ids, mask)
         return self.cache(ids, mask)
 
     def evaluate(self, pool, validation, subsets):
@@ -198,9 +194,7 @@ class CacheEvaluator(SubsetEvaluator):
             scores.append(None if ev.scores is None else ev.scores.double().numpy())
             losses.append(ev.subset_loss().double().numpy() if weights is None else q @ weights)
             total = total + cost
-            encoded = int(mask.sum()) if self.cache == "dense" else len(chunk) * getattr(
-                getattr(self.compressor, "config", None), "num_sink", 0)
-            tokens += encoded + len(chunk) * suffix_tokens
+            tokens += self.cache.tokens(mask) + len(chunk) * suffix_tokens
         read = None if not scores or any(x is None for x in scores) else np.concatenate(scores)
         return SubsetLosses(np.concatenate(losses), total, tokens, np.concatenate(per_query), labels, read)
 
@@ -244,7 +238,7 @@ def evaluator_for(cfg, model: PreTrainedModel, builder: PromptBuilder,
     ``compressor``), with its loss, batch sizes, label balance and query packing."""
     if cfg.evaluator == "dense-per-query":
         return PerQueryDenseEvaluator(model, builder, cfg.loss, cfg.batch, balance_labels=cfg.balance_labels)
-    return CacheEvaluator(model, builder, cfg.evaluator, compressor, loss=cfg.loss, batch=cfg.batch,
+    return CacheEvaluator(model, builder, cache_for(cfg.evaluator, model, compressor), loss=cfg.loss, batch=cfg.batch,
                           query_batch=cfg.query_batch, balance_labels=cfg.balance_labels, pack=cfg.pack)
 
 

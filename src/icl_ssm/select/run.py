@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from icl_ssm.calibrate import no_calibration
+from icl_ssm.compress.builders import DenseCache
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.data.splits import Splits, split, split_notes
 from icl_ssm.data.tasks import Example, Task, get_task
@@ -148,8 +149,8 @@ def _choose(run: _Run, selector: Selector) -> tuple[Selection, float, dict[str, 
     labels = [pool[i].target for i in selection.indices]
     searched = None
     if cfg.order == "search":  # the real prompt in each candidate order, on the validation queries
-        dense = CacheEvaluator(run.model, run.builder, "dense", loss=cfg.loss, batch=1, query_batch=cfg.query_batch,
-                               balance_labels=cfg.balance_labels, pack=True)
+        dense = CacheEvaluator(run.model, run.builder, DenseCache(run.model), loss=cfg.loss, batch=1,
+                               query_batch=cfg.query_batch, balance_labels=cfg.balance_labels, pack=True)
         selection.indices, searched = search_order(dense, pool, run.validation, selection.indices, labels,
                                                    cfg.order_candidates, order_rng(cfg.seed))
     else:

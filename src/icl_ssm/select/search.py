@@ -161,13 +161,14 @@ class PromptSearch(Selector):
     def from_config(cls, cfg, model, builder, compressor=None, hooks=None) -> PromptSearch:
         """``cfg.screen``: ``compressed`` (``compressor``'s caches), ``dense`` or ``none``; the
         confirmation and the order search on dense caches; label balance where the task has labels."""
+        from icl_ssm.compress.builders import cache_for
         from icl_ssm.select.evaluators import CacheEvaluator
 
         labels = tuple(builder.task.labels) if builder.task.kind == "classification" else ()
         balance = bool(labels)
 
         def ev(cache: str) -> CacheEvaluator:
-            return CacheEvaluator(model, builder, cache, compressor if cache == "compressed" else None, loss=cfg.loss,
+            return CacheEvaluator(model, builder, cache_for(cache, model, compressor), loss=cfg.loss,
                                   batch=cfg.batch, query_batch=cfg.query_batch, balance_labels=balance,
                                   pack=cfg.pack, flops="off")  # the budget is time: nothing counted inside it
 

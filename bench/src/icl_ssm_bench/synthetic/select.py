@@ -8,20 +8,18 @@ of a chosen prompt. :class:`~icl_ssm.select.affinity.AffinitySelector` then runs
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from icl_ssm.compress.cache import PrefixCache, compressed_cache, dense_cache, forward_with_prefix, window_cache
-from icl_ssm.compress.compressor import SSMCompressor
+from icl_ssm.compress.builders import CacheBuilder
+from icl_ssm.compress.cache import PrefixCache, dense_cache, forward_with_prefix
 from icl_ssm.cost import Cost, measure
 from icl_ssm.data.tasks import Example
 from icl_ssm.select.evaluators import SubsetEvaluator, SubsetLosses
 from icl_ssm_bench.synthetic.task import SelectionSplit
 from icl_ssm_bench.synthetic.teacher import RegressionTeacher, prompt_values
-
-REGRESSION_CACHES = ("dense", "compressed", "window")
 
 
 def split_examples(split: SelectionSplit) -> tuple[list[Example], list[Example], list[Example]]:
@@ -48,40 +46,29 @@ def pool_prompts(split: SelectionSplit, index: np.ndarray | Sequence[Sequence[in
 @dataclass
 class RegressionEvaluator(SubsetEvaluator):
     """A subset's loss: the mean over the validation queries of the squared error of the
-    teacher's prediction after the subset's prompt, read from a ``cache``: ``"dense"`` (the
-    exact prompt), ``"compressed"`` (needs ``compressor``) or ``"window"`` (sinks and the last
-    ``n_window`` tokens, default the compressor's cache size). Per-query losses are kept, so the
-    split-half reliabilities of :mod:`icl_ssm.select.budget` apply."""
+    teacher's prediction after the subset's prompt, read from ``cache`` (a
+    :class:`~icl_ssm.compress.builders.CacheBuilder` of the teacher: :class:`DenseCache`, the
+    exact prompt; :class:`CompressedCache`; :class:`WindowCache`, sinks and the last tokens).
+    Per-query losses are kept, so the split-half reliabilities of :mod:`icl_ssm.select.budget`
+    apply."""
 
     model: RegressionTeacher
     split: SelectionSplit
-    cache: str = "compressed"
-    compressor: SSMCompressor | None = None
+    cache: CacheBuilder
     batch: int = 16
-    n_window: int | None = None
-    num_sink: int = 4
-    name: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
-        if self.cache not in REGRESSION_CACHES:
-            raise ValueError(f"cache={self.cache!r}; accepted: {', '.join(REGRESSION_CACHES)}")
-        if self.cache == "compressed" and self.compressor is None:
-            raise ValueError("cache='compressed' needs a compressor")
+        if not isinstance(self.cache, CacheBuilder):
+            raise TypeError(f"cache={self.cache!r}: expected a CacheBuilder (icl_ssm.compress.builders)")
         if self.batch < 1:
             raise ValueError(f"batch={self.batch}; expected >= 1")
-        if self.compressor is not None:
-            c = self.compressor.config
-            self.num_sink = c.num_sink
-            if self.n_window is None:
-                self.n_window = c.num_virtual + c.num_recent
-        self.name = self.cache
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.cache.name
 
     def build(self, values: torch.Tensor) -> PrefixCache:
-        if self.cache == "dense":
-            return dense_cache(self.model, values)
-        if self.cache == "compressed":
-            return compressed_cache(self.model, self.compressor, values)
-        return window_cache(self.model, values, None, self.num_sink, self.n_window or 16)
+        return self.cache(values, torch.ones(values.shape[:2], dtype=torch.bool, device=values.device))
 
     def evaluate(self, pool, validation, subsets):
         device = self.model.read_in.weight.device
@@ -98,9 +85,8 @@ class RegressionEvaluator(SubsetEvaluator):
                 pred = forward_with_prefix(self.model, prefix, qx.repeat(len(chunk), 1, 1)).predictions[:, -1]
             per_query.append(((pred.float() - qy.repeat(len(chunk))) ** 2).view(len(chunk), Q).double().cpu().numpy())
             total = total + cost
-            encoded = values.shape[1] if self.cache == "dense" else (
-                self.num_sink + (self.compressor.config.num_recent if self.cache == "compressed" else self.n_window))
-            tokens += len(chunk) * (encoded + Q)
+            mask = torch.ones(values.shape[:2], dtype=torch.bool)
+            tokens += self.cache.tokens(mask) + len(chunk) * Q
         q = np.concatenate(per_query)
         return SubsetLosses(q.mean(1), total, tokens, q)
 

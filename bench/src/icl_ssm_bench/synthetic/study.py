@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from icl_ssm import atomic
+from icl_ssm.compress.builders import CompressedCache, DenseCache, WindowCache
 from icl_ssm.compress.cache import summary_states
 from icl_ssm.compress.compressor import SSMCompressor, load_compressor
 from icl_ssm.cost import measure
@@ -127,9 +128,9 @@ def select_study(teacher_dir: str | Path, compressor_dir: str | Path | None, *, 
                            "d1_share": float(np.mean([d1[p].mean() for p in near]))}
             # AffinitySelector draws its subsets first from this generator: both evaluators see these
             subs = balanced_subsets(pool_size, k, subsets, np.random.default_rng([seed, k, 2]))
-            evaluators = {"dense": RegressionEvaluator(teacher, split, "dense")}
+            evaluators = {"dense": RegressionEvaluator(teacher, split, DenseCache(teacher))}
             if compressor is not None:
-                evaluators["compressed"] = RegressionEvaluator(teacher, split, "compressed", compressor)
+                evaluators["compressed"] = RegressionEvaluator(teacher, split, CompressedCache(teacher, compressor))
             for name, ev in evaluators.items():
                 sel = AffinitySelector(ev, subsets=subsets, estimator=estimator).select(
                     pool, valid, k, np.random.default_rng([seed, k, 2]))
@@ -189,13 +190,14 @@ def fidelity_study(teacher_dir: str | Path, compressor_dir: str | Path, control_
     split = task.sample_selection(np.random.default_rng([seed, 12]), pool_size, d1_share, queries, 1)
     pool, valid, _ = split_examples(split)
     subs = balanced_subsets(pool_size, k, subsets, np.random.default_rng([seed, 13]))
-    paths = {"dense": RegressionEvaluator(teacher, split, "dense"),
-             "compressed": RegressionEvaluator(teacher, split, "compressed", compressor),
-             "window": RegressionEvaluator(teacher, split, "window", num_sink=compressor.config.num_sink,
-                                           n_window=compressor.config.num_virtual + compressor.config.num_recent)}
+    c = compressor.config
+    paths = {"dense": RegressionEvaluator(teacher, split, DenseCache(teacher)),
+             "compressed": RegressionEvaluator(teacher, split, CompressedCache(teacher, compressor)),
+             "window": RegressionEvaluator(teacher, split,
+                                           WindowCache(teacher, c.num_sink, c.num_virtual + c.num_recent))}
     if control_dir is not None:
-        paths["control"] = RegressionEvaluator(teacher, split, "compressed",
-                                               load_compressor(control_dir, teacher.config).eval())
+        control = load_compressor(control_dir, teacher.config).eval()
+        paths["control"] = RegressionEvaluator(teacher, split, CompressedCache(teacher, control, name="control"))
     results = {name: ev.evaluate(pool, valid, subs) for name, ev in paths.items()}
     dense = torch.as_tensor(results["dense"].query_losses)
     report: dict[str, Any] = {"k": k, "subsets": subsets, "queries": queries, "seed": seed,
@@ -251,10 +253,9 @@ def flipped_probe(teacher_dir: str | Path, compressor_dir: str | Path, *, k: int
         more = balanced_subsets(pool_size, k, 4 * pairs, np.random.default_rng([seed, 16]))
         out["state_separability"] = paired_separability(*(subset_states(teacher, compressor, s, more)
                                                           for s in (split, broken)))
-    for name, comp in (("dense", None), ("compressed", compressor)):
-        cache = "dense" if comp is None else "compressed"
-        right = RegressionEvaluator(teacher, split, cache, comp).evaluate(*split_examples(split)[:2], subs).losses
-        wrong = RegressionEvaluator(teacher, broken, cache, comp).evaluate(*split_examples(broken)[:2], subs).losses
+    for name, cache in (("dense", DenseCache(teacher)), ("compressed", CompressedCache(teacher, compressor))):
+        right = RegressionEvaluator(teacher, split, cache).evaluate(*split_examples(split)[:2], subs).losses
+        wrong = RegressionEvaluator(teacher, broken, cache).evaluate(*split_examples(broken)[:2], subs).losses
         diff = wrong - right
         draws = np.random.default_rng(0).choice(diff, (2000, len(diff))).mean(1)
         out[name] = {"right": float(right.mean()), "flipped": float(wrong.mean()), "diff": float(diff.mean()),
