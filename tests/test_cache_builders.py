@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+
 from icl_ssm.compress import builders
 from icl_ssm.compress.baselines import lm_infinite_cache, streaming_cache
 from icl_ssm.compress.builders import (
@@ -100,3 +101,27 @@ def test_one_builder_class_per_file_and_no_cache_named_by_a_string_where_caches_
             calls = {n.func.id for n in ast.walk(ast.parse(path.read_text()))
                      if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
             assert not calls & banned, (path.relative_to(SRC), sorted(calls & banned))
+
+
+def test_the_compressor_shape_is_declared_once():
+    """Its fields and their two presets live in icl_ssm.compress.shape; the model config defaults
+    to the paper's, distill and run to the measured recipe, and none of them writes a literal."""
+    from icl_ssm.compress.shape import COMPRESSOR_FIELDS, PAPER, RECIPE, CompressorShape
+    from icl_ssm.distill.config import DistillConfig
+    from icl_ssm.pipeline.config import RunConfig
+
+    model_default = SSMCompressorConfig()
+    assert {n: getattr(model_default, n) for n in COMPRESSOR_FIELDS} == {**PAPER.__dict__, "num_groups": 4}
+    assert DistillConfig().shape == RECIPE and DistillConfig.recipe("paper").shape == PAPER
+    assert PAPER != RECIPE and RECIPE == CompressorShape()
+    run = RunConfig()
+    shared = [n for n in COMPRESSOR_FIELDS if hasattr(run, n) and n != "control"]  # run's control: a directory
+    assert len(shared) == 6 and all(getattr(run, n) == getattr(RECIPE, n) for n in shared)
+    for path, cls in (("compress/compressor.py", "SSMCompressorConfig"), ("distill/config.py", "DistillConfig"),
+                      ("pipeline/config.py", "RunConfig")):
+        [body] = [n.body for n in ast.parse((SRC / path).read_text()).body
+                  if isinstance(n, ast.ClassDef) and n.name == cls]
+        literal = [n.target.id for n in body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+                   and n.target.id in COMPRESSOR_FIELDS and isinstance(n.value, ast.Constant)]
+        expected = {"SSMCompressorConfig": ["num_groups"], "RunConfig": ["control"]}.get(cls, [])
+        assert literal == expected, (cls, literal)

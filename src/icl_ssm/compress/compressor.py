@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
 from icl_ssm import schema
+from icl_ssm.compress.shape import PAPER
 from icl_ssm.ssm.layer import SYSTEMS, HiPPOSSM, validate_channels, validate_learn_dt
 from icl_ssm.ssm.products import ShiftProducts
 
@@ -87,26 +88,27 @@ class SSMCompressorConfig(PreTrainedConfig):
     teacher_vocab_size: int = 100
     teacher_num_parameters: int = 0
 
-    state_size: int = 512
-    channels: int = 1
-    num_groups: int = 4
-    num_virtual: int = 16
-    num_sink: int = 4
-    num_recent: int = 0
-    latent_size: int = 128
-    system: str = "time_invariant"
-    dt: float = 0.01
-    learn_dt: bool = False
-    method: str = "bilinear"
-    control: bool = False
-    standardize: bool = False
-    position: str = "compressed"
-    gate: bool = False
-    gate_init: float = -6.0
-    ssm_input: str = "embeddings"  # what the SSM scans: the token embeddings or "layer:l", the states after l layers
-    pair_size: int = 0  # > 0: the SSM also scans this many products of each token with those before it
-    pair_window: int = 1  # how many tokens back those products reach
-    input_rank: int = 0  # > 0: the SSM reads a learned rank-r projection of its input (shared by the groups)
+    # the shape: the paper's layout by default (icl_ssm.compress.shape.PAPER, where it is declared)
+    state_size: int = PAPER.state_size
+    channels: int = PAPER.channels
+    num_groups: int = 4  # PAPER's 0 resolved (for_teacher caps it at the teacher's layers)
+    num_virtual: int = PAPER.num_virtual
+    num_sink: int = PAPER.num_sink
+    num_recent: int = PAPER.num_recent
+    latent_size: int = PAPER.latent_size
+    system: str = PAPER.system
+    dt: float = PAPER.dt
+    learn_dt: bool = PAPER.learn_dt
+    method: str = PAPER.method
+    control: bool = PAPER.control
+    standardize: bool = PAPER.standardize
+    position: str = PAPER.position
+    gate: bool = PAPER.gate
+    gate_init: float = PAPER.gate_init
+    ssm_input: str = PAPER.ssm_input
+    pair_size: int = PAPER.pair_size
+    pair_window: int = PAPER.pair_window
+    input_rank: int = PAPER.input_rank
     initializer_range: float = 0.02
 
     def __post_init__(self, **kwargs):

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from icl_ssm.compress.shape import COMPRESSOR_FIELDS, PAPER, RECIPE, CompressorShape
 from icl_ssm.distill.losses import RANK_LEVELS
 from icl_ssm.distill.spec import validate_shared_tail
 from icl_ssm.ssm.layer import validate_learn_dt
-
-COMPRESSOR_FIELDS = ("state_size", "channels", "num_groups", "num_virtual", "num_sink", "num_recent", "latent_size",
-                     "system", "dt", "learn_dt", "method", "control", "standardize", "position", "gate", "gate_init",
-                     "ssm_input", "pair_size", "pair_window", "input_rank")
 
 
 @dataclass
@@ -36,28 +33,28 @@ class DistillConfig:
     shared_tail: int = 0
     shared_tail_every: int = 1
     seed: int = 0
-    # compressor
-    state_size: int = 256
-    channels: int = 1
-    num_groups: int = 0
-    num_virtual: int = 16
-    num_sink: int = 4
-    num_recent: int = 16
-    latent_size: int = 128
-    system: str = "scale_invariant"
-    dt: float = 0.002  # time_invariant only
-    learn_dt: bool = False
+    # compressor: the measured recipe's shape (icl_ssm.compress.shape.RECIPE, where it is declared)
+    state_size: int = RECIPE.state_size
+    channels: int = RECIPE.channels
+    num_groups: int = RECIPE.num_groups
+    num_virtual: int = RECIPE.num_virtual
+    num_sink: int = RECIPE.num_sink
+    num_recent: int = RECIPE.num_recent
+    latent_size: int = RECIPE.latent_size
+    system: str = RECIPE.system
+    dt: float = RECIPE.dt
+    learn_dt: bool = RECIPE.learn_dt
     dt_lr: float = 0.05
-    method: str = "bilinear"
-    control: bool = False
-    standardize: bool = False
-    position: str = "compressed"
-    gate: bool = True
-    gate_init: float = -4.0
-    ssm_input: str = "embeddings"  # what the SSM scans: embeddings, or "layer:l" (the states after l layers)
-    pair_size: int = 0  # > 0: the SSM also scans products of each token with those before it
-    pair_window: int = 1
-    input_rank: int = 0  # > 0: the SSM reads a learned rank-r projection of its input
+    method: str = RECIPE.method
+    control: bool = RECIPE.control
+    standardize: bool = RECIPE.standardize
+    position: str = RECIPE.position
+    gate: bool = RECIPE.gate
+    gate_init: float = RECIPE.gate_init
+    ssm_input: str = RECIPE.ssm_input
+    pair_size: int = RECIPE.pair_size
+    pair_window: int = RECIPE.pair_window
+    input_rank: int = RECIPE.input_rank
     gate_lr: float = 0.1  # the gates' own learning rate (same schedule): a gate moves ~lr per step under Adam
     # stage 1 (the paper's code: lr 3e-4, 2 epochs)
     stage1_epochs: float = 2.0
@@ -105,11 +102,13 @@ class DistillConfig:
         if self.stage1_epochs == 0 and self.stage2_epochs == 0:
             raise ValueError("stage1_epochs and stage2_epochs are both 0: nothing to train")
 
+    @property
+    def shape(self) -> CompressorShape:
+        """The compressor this run trains (its :data:`~icl_ssm.compress.shape.COMPRESSOR_FIELDS`)."""
+        return CompressorShape(**{name: getattr(self, name) for name in COMPRESSOR_FIELDS})
+
     def compressor_overrides(self) -> dict:
-        out = {name: getattr(self, name) for name in COMPRESSOR_FIELDS}
-        if not out["num_groups"]:
-            del out["num_groups"]
-        return out
+        return self.shape.overrides()
 
     @classmethod
     def recipe(cls, name: str = "measured", **overrides) -> DistillConfig:
@@ -179,8 +178,8 @@ FIELD_HELP = {
 
 # The paper's settings (from its code) for every field the measured recipe changes: no exact
 # recent tokens, no gates, no ranking term, stage 2 at 5e-5 for one epoch, a 5% warm-up.
-PAPER_RECIPE = {"num_recent": 0, "gate": False, "lambda_rank": 0.0, "stage2_lr": 5e-5, "stage2_epochs": 1.0,
-                "warmup_ratio": 0.05, "system": "time_invariant"}
+PAPER_RECIPE = {**{name: value for name, value in PAPER.overrides().items() if value != getattr(RECIPE, name)},
+                "lambda_rank": 0.0, "stage2_lr": 5e-5, "stage2_epochs": 1.0, "warmup_ratio": 0.05}
 
 
 RECIPES: dict[str, dict] = {"measured": {}, "paper": PAPER_RECIPE}

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from icl_ssm.compress.shape import RECIPE  # the shape distilled when none is shipped
 from icl_ssm.data.splits import Splits, split
 from icl_ssm.data.tasks import get_task
-from icl_ssm.distill.config import DistillConfig
 from icl_ssm.evaluate.verdict import VERDICT_EVALUATORS
 from icl_ssm.lm.models import DEFAULT_MODEL
 from icl_ssm.select.base import SELECTORS
@@ -23,7 +23,6 @@ DEFAULT_SCREEN = "none"
 # by the pre-registered equal-time rule and the mapping committed before its results (docs/research/calibration.md)
 DEFAULT_CALIBRATE = "search"
 QUICK = "calibrated-random"  # the prompt handed over without a search where the headroom says none can add
-_RECIPE = DistillConfig()  # the compressor shape distilled when none is shipped: the measured recipe's
 
 
 @dataclass
@@ -39,12 +38,12 @@ class RunConfig:
     distill: bool = False  # distil a compressor first (even when one is shipped; without one, run uses dense caches)
     distill_samples: int = 64
     distill_epochs: float = 1.0
-    state_size: int = _RECIPE.state_size
-    num_virtual: int = _RECIPE.num_virtual
-    num_sink: int = _RECIPE.num_sink
-    latent_size: int = _RECIPE.latent_size
-    num_recent: int = _RECIPE.num_recent
-    gate: bool = _RECIPE.gate
+    state_size: int = RECIPE.state_size
+    num_virtual: int = RECIPE.num_virtual
+    num_sink: int = RECIPE.num_sink
+    latent_size: int = RECIPE.latent_size
+    num_recent: int = RECIPE.num_recent
+    gate: bool = RECIPE.gate
     pool_size: int = 100
     queries: int = 8  # validation queries per subset
     test_size: int = 150
