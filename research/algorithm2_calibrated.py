@@ -42,8 +42,8 @@ from icl_ssm.provenance import provenance
 from icl_ssm.select.budget import draw_in_blocks, permutation_block, score_split_half, subsets_for_reliability
 from icl_ssm.select.calibrated import gold_indices
 from icl_ssm.select.estimators import mean_affinity
-from icl_ssm.select.evaluators import CacheEvaluator
 from icl_ssm.select.sampling import balanced_subsets
+from icl_ssm.select.subset_losses import CacheEvaluator
 
 TASK, K, POOL = "rotten_tomatoes", 20, 100
 OUT = "docs/results/calibration/algorithm2-calibrated-rotten_tomatoes-k20.json"

@@ -20,8 +20,8 @@ from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
 from icl_ssm.lm.models import load_model, resolve_device
 from icl_ssm.lm.prompts import PromptBuilder
-from icl_ssm.select.evaluators import CacheEvaluator
 from icl_ssm.select.sampling import balanced_subsets
+from icl_ssm.select.subset_losses import CacheEvaluator
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -34,7 +34,7 @@ from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.pipeline import RunConfig
 from icl_ssm.provenance import provenance
-from icl_ssm.select.evaluators import CacheEvaluator
+from icl_ssm.select.subset_losses import CacheEvaluator
 
 
 def summarize(rows: list[dict], names: list[str]) -> dict:

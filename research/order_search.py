@@ -27,8 +27,8 @@ from icl_ssm.data.tasks import get_task
 from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.base import order_rng
-from icl_ssm.select.evaluators import CacheEvaluator
 from icl_ssm.select.order import search_order
+from icl_ssm.select.subset_losses import CacheEvaluator
 
 
 def main() -> None:

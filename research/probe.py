@@ -23,7 +23,7 @@ import torch
 from icl_ssm.compress.cache import summary_states
 from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.stats import interval, paired_separability, spearman
-from icl_ssm.select.evaluators import SubsetEvaluator
+from icl_ssm.select.subset_losses import SubsetEvaluator
 
 
 def flipped(examples: Sequence[Example], labels: Sequence[str]) -> list[Example]:

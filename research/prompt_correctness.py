@@ -32,7 +32,7 @@ from icl_ssm.evaluate.stats import label_weights, spearman
 from icl_ssm.lm.models import DEFAULT_MODEL, load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.check import random_prompts
-from icl_ssm.select.evaluators import CacheEvaluator
+from icl_ssm.select.subset_losses import CacheEvaluator
 
 
 def score(model, builder, demos, examples, query_batch=32):

@@ -544,7 +544,7 @@ def test_the_dense_cache_has_one_name_and_the_earlier_one_still_reads():
     import argparse
 
     from icl_ssm.apply.answer import CACHES, cache_kind
-    from icl_ssm.apply.run import AnswerConfig
+    from icl_ssm.apply.answer_file import AnswerConfig
     from icl_ssm.cli.answer import cache_name
 
     assert CACHES == ("dense", "compressed") and AnswerConfig().cache == "dense"

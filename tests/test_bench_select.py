@@ -21,9 +21,9 @@ from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.tiny import tiny_model
 from icl_ssm.select.base import arrange, order_rng, top_k, top_k_per_label
 from icl_ssm.select.estimators import mean_affinity, ridge_affinity
-from icl_ssm.select.evaluate import evaluate_selection
-from icl_ssm.select.evaluators import CacheEvaluator
+from icl_ssm.select.held_out import evaluate_selection
 from icl_ssm.select.sampling import balanced_subsets, stratified_subsets
+from icl_ssm.select.subset_losses import CacheEvaluator
 
 
 def test_order_tables_average_the_random_draws_per_selection():

@@ -11,7 +11,7 @@ from test_select_cli import args, files, run_json  # noqa: F401  (the module fix
 from icl_ssm.data.tasks import Example
 from icl_ssm.select.base import SELECTORS
 from icl_ssm.select.bridge import BridgeSelector, expected_improvement, fit_gp, membership, proposals
-from icl_ssm.select.evaluators import OracleEvaluator
+from icl_ssm.select.subset_losses import OracleEvaluator
 
 POOL = [Example(str(i), f"x{i}", "a") for i in range(30)]
 PLANTED = [3, 7, 11, 19, 25]

@@ -22,8 +22,8 @@ from icl_ssm.select.budget import (
     subsets_for_reliability,
 )
 from icl_ssm.select.estimators import mean_affinity
-from icl_ssm.select.evaluators import SubsetEvaluator, SubsetLosses
 from icl_ssm.select.sampling import balanced_subsets, stratified_subsets
+from icl_ssm.select.subset_losses import SubsetEvaluator, SubsetLosses
 
 
 class NoisyAdditive(SubsetEvaluator):

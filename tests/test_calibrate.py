@@ -14,7 +14,7 @@ from icl_ssm.calibrate.contextual import CONTENT_FREE
 from icl_ssm.data.tasks import Example, get_task
 from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
-from icl_ssm.select.evaluate import calibrate_prompt, prompt_scores
+from icl_ssm.select.held_out import calibrate_prompt, prompt_scores
 
 LABELS = ("negative", "positive")
 

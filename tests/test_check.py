@@ -205,7 +205,7 @@ def test_flipped_label_probe_tells_a_label_reader_from_a_label_blind_cache():
     from helpers import research_script
 
     from icl_ssm.data.tasks import Example
-    from icl_ssm.select.evaluators import OracleEvaluator, SubsetLosses
+    from icl_ssm.select.subset_losses import OracleEvaluator, SubsetLosses
 
     probe = research_script("probe")  # research/probe.py
     flipped, flipped_label_probe = probe.flipped, probe.flipped_label_probe

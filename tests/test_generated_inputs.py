@@ -23,7 +23,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from icl_ssm.apply.run import AnswerConfig  # noqa: E402
+from icl_ssm.apply.answer_file import AnswerConfig  # noqa: E402
 from icl_ssm.cli import build_parser  # noqa: E402
 from icl_ssm.data.splits import split  # noqa: E402
 from icl_ssm.data.tasks import get_task  # noqa: E402

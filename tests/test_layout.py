@@ -107,9 +107,9 @@ def test_the_library_never_imports_the_benchmarks_or_the_study():
 def test_the_checker_sees_an_upward_import(tmp_path):
     """The walk above is not vacuous: an upward import in a file is found."""
     fake = tmp_path / "mod.py"
-    fake.write_text("def f():\n    from icl_ssm.select.run import SelectConfig\n")
-    assert (2, "icl_ssm.select.run") in imported_modules(fake)
-    assert layer("icl_ssm.select.run") > layer("icl_ssm.lm.prompts")
+    fake.write_text("def f():\n    from icl_ssm.select.stage import SelectConfig\n")
+    assert (2, "icl_ssm.select.stage") in imported_modules(fake)
+    assert layer("icl_ssm.select.stage") > layer("icl_ssm.lm.prompts")
 
 
 def test_the_adding_a_selector_example_registers_a_working_method():
@@ -137,13 +137,13 @@ def test_the_adding_a_selector_example_registers_a_working_method():
 
 
 def test_the_selection_driver_names_no_concrete_selector():
-    """select/run.py builds every selector from the registry and asks it what it needs to know
+    """select/stage.py builds every selector from the registry and asks it what it needs to know
     (hooks, planned, balances_labels, findings): it imports no selector's module."""
     from icl_ssm.select import base
 
     concrete = {f"icl_ssm.select.{name}" for name in ("affinity", "bm25", "bridge", "gradce", "random_k", "search",
                                                       "topk")}
-    imported = {module for _, module in imported_modules(PACKAGE / "select" / "run.py")}
+    imported = {module for _, module in imported_modules(PACKAGE / "select" / "stage.py")}
     assert imported & concrete == set()
     assert base.Selector.planned(base.Selector(), 10, 2) == 0
 

@@ -11,9 +11,9 @@ import pytest
 
 from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
-from icl_ssm.select.evaluators import SubsetEvaluator, SubsetLosses
 from icl_ssm.select.search import PromptSearch, balanced_order
 from icl_ssm.select.search_plan import plan_lines, plan_search, rungs_for, rungs_seconds
+from icl_ssm.select.subset_losses import SubsetEvaluator, SubsetLosses
 
 LABELS = ("neg", "pos")
 

@@ -19,8 +19,8 @@ from icl_ssm.data.tasks import get_task
 from icl_ssm.lm.tiny import tiny_model
 from icl_ssm.select.base import top_k_per_label
 from icl_ssm.select.estimators import mean_affinity
-from icl_ssm.select.evaluators import CacheEvaluator, reliability
 from icl_ssm.select.sampling import stratified_subsets
+from icl_ssm.select.subset_losses import CacheEvaluator, reliability
 
 SMALL = dict(state_size=16, num_virtual=4, num_sink=2, latent_size=8)
 
@@ -107,7 +107,7 @@ def test_label_balanced_affinity(files, tmp_path, capsys):
 def test_per_label_shares_the_places_out_over_the_labels(files, tmp_path, capsys):
     from icl_ssm.lm.models import load_model
     from icl_ssm.select.config import SelectConfig
-    from icl_ssm.select.run import select_demonstrations
+    from icl_ssm.select.stage import select_demonstrations
 
     model, tokenizer = load_model("tiny-llama")
     for method, seed in (("random", 1), ("bm25", 0)):  # random's seed-1 choice leans 3:1 to "yes"

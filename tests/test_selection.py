@@ -45,8 +45,11 @@ from icl_ssm.select.base import (
     top_k_per_label_ref,
 )
 from icl_ssm.select.estimators import indicator, mean_affinity, ridge_fit, ridge_fit_ref
-from icl_ssm.select.evaluate import evaluate_selection
-from icl_ssm.select.evaluators import (
+from icl_ssm.select.held_out import evaluate_selection
+from icl_ssm.select.order import search_order
+from icl_ssm.select.random_k import RandomSelector
+from icl_ssm.select.sampling import balanced_subsets, focused_subsets, stratified_subsets, subsets_for
+from icl_ssm.select.subset_losses import (
     RELIABILITY_TARGET,
     CacheEvaluator,
     OracleEvaluator,
@@ -56,9 +59,6 @@ from icl_ssm.select.evaluators import (
     reliability,
     split_half,
 )
-from icl_ssm.select.order import search_order
-from icl_ssm.select.random_k import RandomSelector
-from icl_ssm.select.sampling import balanced_subsets, focused_subsets, stratified_subsets, subsets_for
 
 SMALL = dict(state_size=16, num_virtual=4, num_sink=2, latent_size=8)
 

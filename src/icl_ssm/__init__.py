@@ -53,10 +53,10 @@ from icl_ssm.select.affinity import AffinitySelector
 from icl_ssm.select.base import SELECTORS, Selection, Selector
 from icl_ssm.select.base import register as register_selector
 from icl_ssm.select.config import SelectConfig
-from icl_ssm.select.evaluate import evaluate_selection
-from icl_ssm.select.evaluators import CacheEvaluator, SubsetEvaluator
-from icl_ssm.select.run import select_demonstrations
+from icl_ssm.select.held_out import evaluate_selection
 from icl_ssm.select.selected import SelectedPrompt
+from icl_ssm.select.stage import select_demonstrations
+from icl_ssm.select.subset_losses import CacheEvaluator, SubsetEvaluator
 from icl_ssm.ssm.layer import HiPPOSSM
 
 __version__ = "0.1.0"

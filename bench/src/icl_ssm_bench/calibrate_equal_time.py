@@ -42,9 +42,9 @@ from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.provenance import environment, provenance
 from icl_ssm.select.base import SELECTORS
 from icl_ssm.select.check import random_prompts
-from icl_ssm.select.evaluate import calibrate_prompt, prompt_scores
-from icl_ssm.select.evaluators import CacheEvaluator
+from icl_ssm.select.held_out import calibrate_prompt, prompt_scores
 from icl_ssm.select.search import PromptSearch
+from icl_ssm.select.subset_losses import CacheEvaluator
 
 SEARCHES = ("raw-search", "calibrated-search")  # the arms that spend a budget
 FIXED = ("calibrated-zero-shot", "calibrated-random", "calibrated-bm25", "calibrated-topk")  # one cost whatever it

@@ -28,7 +28,7 @@ from icl_ssm.calibrate import CALIBRATORS, NONE, get_calibrator
 from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.stats import paired_bootstrap, spearman, spearman_brown, split_half_spearman
 from icl_ssm.lm.prompts import PromptBuilder
-from icl_ssm.select.evaluate import prompt_scores
+from icl_ssm.select.held_out import prompt_scores
 from icl_ssm_bench.headroom import classification_splits
 
 METHODS = (NONE, *sorted(CALIBRATORS))

@@ -23,9 +23,9 @@ from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.affinity import AffinitySelector
 from icl_ssm.select.base import order_rng, top_k, top_k_per_label
 from icl_ssm.select.estimators import mean_affinity, ridge_affinity
-from icl_ssm.select.evaluate import evaluate_selection
-from icl_ssm.select.evaluators import CacheEvaluator, OracleEvaluator, SubsetEvaluator, SubsetLosses
+from icl_ssm.select.held_out import evaluate_selection
 from icl_ssm.select.sampling import balanced_subsets, stratified_subsets
+from icl_ssm.select.subset_losses import CacheEvaluator, OracleEvaluator, SubsetEvaluator, SubsetLosses
 from icl_ssm_bench.selection import load, log
 
 EVALUATORS = ("compressed", "dense")

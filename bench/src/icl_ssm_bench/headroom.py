@@ -16,7 +16,7 @@ from icl_ssm.data.splits import Splits, split
 from icl_ssm.data.tasks import Task, get_task
 from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
-from icl_ssm.select.evaluate import evaluate_selection
+from icl_ssm.select.held_out import evaluate_selection
 from icl_ssm_bench.selection import log
 
 

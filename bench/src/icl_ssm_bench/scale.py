@@ -36,8 +36,8 @@ from icl_ssm.distill.train import group_losses
 from icl_ssm.evaluate.answers import pad_right
 from icl_ssm.lm.hf import kv_from_cache, output_cache
 from icl_ssm.lm.prompts import PromptBuilder
-from icl_ssm.select.evaluators import CacheEvaluator, PerQueryDenseEvaluator, SubsetEvaluator
 from icl_ssm.select.sampling import balanced_subsets
+from icl_ssm.select.subset_losses import CacheEvaluator, PerQueryDenseEvaluator, SubsetEvaluator
 from icl_ssm_bench.scale_projection import Projection, estimate_bytes, memory_limit, projected_flops, ssm_flops
 from icl_ssm_bench.select_cost import compare, evaluator_rows
 from icl_ssm_bench.selection import log

@@ -33,9 +33,9 @@ from icl_ssm.data.tasks import get_task
 from icl_ssm.evaluate.stats import paired_bootstrap
 from icl_ssm.lm.models import DEFAULT_MODEL, load_model
 from icl_ssm.lm.prompts import PromptBuilder
-from icl_ssm.select.evaluate import evaluate_selection
-from icl_ssm.select.evaluators import CacheEvaluator
+from icl_ssm.select.held_out import evaluate_selection
 from icl_ssm.select.search import PromptSearch
+from icl_ssm.select.subset_losses import CacheEvaluator
 
 ARMS = ("compressed", "control", "none", "dense")
 CHEAPEST = "none"

@@ -17,8 +17,8 @@ from icl_ssm.compress.builders import cache_for
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import Example, get_task
 from icl_ssm.lm.prompts import PromptBuilder
-from icl_ssm.select.evaluators import CacheEvaluator, PerQueryDenseEvaluator, SubsetEvaluator
 from icl_ssm.select.sampling import balanced_subsets
+from icl_ssm.select.subset_losses import CacheEvaluator, PerQueryDenseEvaluator, SubsetEvaluator
 from icl_ssm_bench.selection import load, log
 
 

@@ -17,7 +17,7 @@ from icl_ssm.data.tasks import get_task
 from icl_ssm.lm.models import load_model
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.base import ARRANGE_ORDERS, arrange, order_rng
-from icl_ssm.select.evaluate import evaluate_selection
+from icl_ssm.select.held_out import evaluate_selection
 from icl_ssm_bench.selection import log
 
 

@@ -17,9 +17,9 @@ from icl_ssm.evaluate.fidelity import parse_also
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.check import ZERO_SHOT
 from icl_ssm.select.config import SelectConfig
-from icl_ssm.select.evaluate import evaluate_selection
-from icl_ssm.select.evaluators import RELIABILITY_TARGET
-from icl_ssm.select.run import select_demonstrations
+from icl_ssm.select.held_out import evaluate_selection
+from icl_ssm.select.stage import select_demonstrations
+from icl_ssm.select.subset_losses import RELIABILITY_TARGET
 from icl_ssm_bench.selection import load, log
 
 

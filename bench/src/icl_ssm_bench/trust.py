@@ -38,7 +38,7 @@ from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.pipeline import RunConfig, held_out_start, run_pipeline, run_splits
 from icl_ssm.provenance import environment, record_made_by
 from icl_ssm.select.check import random_prompts
-from icl_ssm.select.evaluate import calibrate_prompt, evaluate_calibrated, evaluate_selection
+from icl_ssm.select.held_out import calibrate_prompt, evaluate_calibrated, evaluate_selection
 from icl_ssm.select.per_query import per_query_selection
 
 AT_OR_ABOVE_SHARE = 0.75  # a run "holds" when the handed-over prompt is at or above 12 of 16 random prompts

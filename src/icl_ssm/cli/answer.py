@@ -1,6 +1,6 @@
-"""``icl-ssm answer``: parse the flags into an :class:`~icl_ssm.apply.run.AnswerConfig`, check
-it (:func:`~icl_ssm.apply.run.plan_answer`) before loading the model, answer
-(:func:`~icl_ssm.apply.run.run_answer`) and print the summary. SIGTERM stops it like Ctrl-C:
+"""``icl-ssm answer``: parse the flags into an :class:`~icl_ssm.apply.answer_file.AnswerConfig`, check
+it (:func:`~icl_ssm.apply.answer_file.plan_answer`) before loading the model, answer
+(:func:`~icl_ssm.apply.answer_file.run_answer`) and print the summary. SIGTERM stops it like Ctrl-C:
 the batches answered so far stay in the partial file, and the same command continues."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from dataclasses import fields
 
 from icl_ssm.apply.answer import CACHES, CALIBRATION_INPUTS, MIN_BATCH_INPUTS, RETRIEVERS, cache_kind
-from icl_ssm.apply.run import CALIBRATE, AnswerConfig, plan_answer, run_answer, summary_lines
+from icl_ssm.apply.answer_file import CALIBRATE, AnswerConfig, plan_answer, run_answer, summary_lines
 from icl_ssm.cli.options import parse_options
 
 INPUT_OPTIONS = ("input_field", "label_field", "target_field", "id_field")

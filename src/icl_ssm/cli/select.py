@@ -1,5 +1,5 @@
 """``icl-ssm select``: parse the flags into a :class:`~icl_ssm.select.config.SelectConfig`, call
-:func:`~icl_ssm.select.run.select_demonstrations`, write and print the result."""
+:func:`~icl_ssm.select.stage.select_demonstrations`, write and print the result."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ from icl_ssm.select.config import (
 from icl_ssm.select.estimators import ESTIMATORS
 from icl_ssm.select.notices import lean_lines, reliability_lines
 from icl_ssm.select.outputs import write_selection
-from icl_ssm.select.run import select_demonstrations, select_per_query
 from icl_ssm.select.search import SCREENS
+from icl_ssm.select.stage import select_demonstrations, select_per_query
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from icl_ssm.pipeline.config import QUICK, held_out_start
 from icl_ssm.pipeline.context import Run
 from icl_ssm.pipeline.stages import say, stage_key
 from icl_ssm.select.check import CALIBRATED, ZERO_SHOT, check_prompts, hand_over
-from icl_ssm.select.evaluate import calibrate_prompt, evaluate_calibrated, evaluate_selection
+from icl_ssm.select.held_out import calibrate_prompt, evaluate_calibrated, evaluate_selection
 
 
 def pick_calibration(run: Run, selection: dict):

@@ -13,7 +13,7 @@ from icl_ssm.evaluate.verdict import VERDICT_EVALUATORS
 from icl_ssm.lm.models import DEFAULT_MODEL
 from icl_ssm.select.base import SELECTORS
 from icl_ssm.select.config import CALIBRATE, SelectConfig
-from icl_ssm.select.evaluators import RELIABILITY_TARGET
+from icl_ssm.select.subset_losses import RELIABILITY_TARGET
 
 DEFAULT_METHODS = ("search", "affinity", "random", "bm25", "topk")
 SEARCH_SCREENS = ("auto", "compressed", "dense", "none")  # auto: compressed unless the fidelity verdict is dense

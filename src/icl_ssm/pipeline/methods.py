@@ -13,9 +13,9 @@ from icl_ssm.pipeline.context import Run
 from icl_ssm.pipeline.stages import say, stage_bar, stage_key
 from icl_ssm.select.base import Hooks
 from icl_ssm.select.config import EVALUATED, SelectConfig
-from icl_ssm.select.evaluate import evaluate_selection
 from icl_ssm.select.headroom import HEADROOM_PROMPTS, MIN_RELIABILITY, can_add, measure_headroom
-from icl_ssm.select.run import select_demonstrations
+from icl_ssm.select.held_out import evaluate_selection
+from icl_ssm.select.stage import select_demonstrations
 
 
 def method_configs(cfg: RunConfig, base: SelectConfig, verdict: dict) -> list[tuple[str, SelectConfig]]:
@@ -50,7 +50,7 @@ def selection_stages(run: Run, base: SelectConfig, verdict: dict, compressor, ro
 
 
 def select_stage(run: Run, name: str, scfg: SelectConfig, compressor) -> dict:
-    """One method's selection and its test score (:func:`~icl_ssm.select.run.select_demonstrations`),
+    """One method's selection and its test score (:func:`~icl_ssm.select.stage.select_demonstrations`),
     kept as ``select-<name>`` under the key of its settings (skipped when kept before)."""
     key = stage_key([asdict(scfg), scfg.compressor])
     result = run.stages.get(f"select-{name}", key)

@@ -1,6 +1,8 @@
 """Demonstration selection: the :class:`~icl_ssm.select.base.Selector` contract and its registry
 (:data:`~icl_ssm.select.base.SELECTORS`), subset sampling, affinity estimators, subset
-evaluators, Algorithm 2 (:mod:`.affinity`) and one module per baseline.
+evaluators (:mod:`.subset_losses`), Algorithm 2 (:mod:`.affinity`), one module per baseline, the
+prompt search (:mod:`.search`), the select stage (:mod:`.stage`) and the chosen prompt scored on
+held-out examples (:mod:`.held_out`).
 
 Importing this package registers every selector.
 

@@ -1,5 +1,5 @@
 """Algorithm 2: sample subsets of the pool, score each by its validation loss from a
-:class:`~icl_ssm.select.evaluators.SubsetEvaluator`, give each candidate an affinity score and
+:class:`~icl_ssm.select.subset_losses.SubsetEvaluator`, give each candidate an affinity score and
 take the best ``k``; and the search over prompt orders."""
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from icl_ssm.select.estimators import (
     mean_affinity,
     ridge_affinity,
 )
-from icl_ssm.select.evaluators import (
+from icl_ssm.select.sampling import balanced_subsets, focused_subsets, label_quotas, stratified_subsets, subsets_for
+from icl_ssm.select.subset_losses import (
     SubsetEvaluator,
     SubsetLosses,
     concat,
@@ -49,7 +50,6 @@ from icl_ssm.select.evaluators import (
     reliability,
     split_half,
 )
-from icl_ssm.select.sampling import balanced_subsets, focused_subsets, label_quotas, stratified_subsets, subsets_for
 
 
 @register("affinity")

@@ -19,7 +19,7 @@ Our reading, for a fixed number ``k`` of demonstrations:
 
 BRIDGE's generation step (new demonstrations written by the model) is not implemented: it
 needs a model that reasons in writing, which the embedded one does not. Evaluations go through
-any :class:`~icl_ssm.select.evaluators.SubsetEvaluator`, so ``--evaluator compressed`` gives the
+any :class:`~icl_ssm.select.subset_losses.SubsetEvaluator`, so ``--evaluator compressed`` gives the
 paper's "BRIDGE + Algorithm 1" rows.
 """
 
@@ -33,8 +33,8 @@ from scipy.linalg import cho_factor, cho_solve
 from scipy.special import ndtr
 
 from icl_ssm.select.base import Hooks, Selection, Selector, register, validate_selection_inputs
-from icl_ssm.select.evaluators import SubsetEvaluator, concat, evaluator_for
 from icl_ssm.select.sampling import balanced_subsets, subsets_for
+from icl_ssm.select.subset_losses import SubsetEvaluator, concat, evaluator_for
 
 LENGTH_SCALES = (0.5, 1.0, 2.0, 4.0)  # in units of sqrt(k): the squared distance of two disjoint k-subsets is 2k
 NOISES = (1e-3, 1e-2, 0.1, 0.3, 1.0)  # noise variance of the standardised losses

@@ -29,8 +29,8 @@ from statistics import NormalDist
 import numpy as np
 
 from icl_ssm.evaluate.stats import queries_for_reliability, spearman, spearman_brown
-from icl_ssm.select.evaluators import RELIABILITY_TARGET, SubsetLosses, split_half
 from icl_ssm.select.sampling import label_quotas
+from icl_ssm.select.subset_losses import RELIABILITY_TARGET, SubsetLosses, split_half
 
 PILOT_QUERIES = 8  # validation queries of the pilot round
 PLAN_CONFIDENCE = 0.9  # one-sided level of the split-halves' lower bounds the plan is made from
@@ -148,7 +148,7 @@ class Reliability:
     def measure(cls, result: SubsetLosses, subsets: Sequence[Sequence[int]], n: int, estimate: Estimate,
                 block: int) -> Reliability:
         """Both split-halves of ``result`` (the losses of ``subsets``, in order) and their sizes:
-        the queries' (:func:`~icl_ssm.select.evaluators.split_half`) and the subsets' by blocks
+        the queries' (:func:`~icl_ssm.select.subset_losses.split_half`) and the subsets' by blocks
         of ``block`` (:func:`score_split_half`)."""
         a, b = _score_halves(subsets, result.losses, n, estimate, block)
         rows = result.query_losses.shape[0] if result.query_losses is not None else 0

@@ -19,7 +19,7 @@ import numpy as np
 from icl_ssm.calibrate.losses import calibrated_query_losses
 from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.stats import label_weights
-from icl_ssm.select.evaluators import SubsetEvaluator, SubsetLosses
+from icl_ssm.select.subset_losses import SubsetEvaluator, SubsetLosses
 
 
 def calibrated_losses(scores: np.ndarray, gold: np.ndarray, method: str) -> np.ndarray:

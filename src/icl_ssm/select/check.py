@@ -33,7 +33,7 @@ from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.stats import paired_bootstrap, simultaneous_lower_bounds, wilson_interval
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.base import arrange
-from icl_ssm.select.evaluate import evaluate_selection
+from icl_ssm.select.held_out import evaluate_selection
 from icl_ssm.select.sampling import stratified_subsets
 
 ZERO_SHOT = "zero-shot"

@@ -2,7 +2,7 @@
 validation, the paper's recipe of selection settings, and what a config implies (whether it reads
 a compressor, how many validation queries it reads, the compressor shipped for it).
 
-:func:`~icl_ssm.select.run.select_demonstrations` runs a config; the command line maps its flags
+:func:`~icl_ssm.select.stage.select_demonstrations` runs a config; the command line maps its flags
 onto one (``--pool-size`` -> ``pool_size``) and saves it as ``select_config.json``.
 """
 
@@ -20,9 +20,9 @@ from icl_ssm.evaluate.answers import LOSSES
 from icl_ssm.lm.models import DEFAULT_MODEL
 from icl_ssm.select.base import ARRANGE_ORDERS, SELECTORS
 from icl_ssm.select.estimators import ESTIMATORS
-from icl_ssm.select.evaluators import RELIABILITY_TARGET
 from icl_ssm.select.per_query import PER_QUERY_METHODS
 from icl_ssm.select.search import SCREENS
+from icl_ssm.select.subset_losses import RELIABILITY_TARGET
 
 EVALUATORS = ("compressed", "dense", "dense-per-query")
 EVALUATED = ("affinity", "bridge")  # the methods that score subsets with an evaluator (--evaluator)

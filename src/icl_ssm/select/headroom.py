@@ -29,7 +29,7 @@ from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.stats import spearman_brown, split_half_spearman
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.select.check import random_prompts
-from icl_ssm.select.evaluate import prompt_scores
+from icl_ssm.select.held_out import prompt_scores
 
 HEADROOM_PROMPTS = 8  # random prompts the headroom is measured on
 MIN_RELIABILITY = 0.5  # the reliability of the calibrated validation ranking a search needs

@@ -1,11 +1,11 @@
 """What a selection's summary warns about, as lines for stderr: how reliably the validation set
 ranked the subsets (:func:`reliability_lines`) and a prompt that leans to one label
-(:func:`lean_lines`). Both read the summary :func:`~icl_ssm.select.run.select_demonstrations`
+(:func:`lean_lines`). Both read the summary :func:`~icl_ssm.select.stage.select_demonstrations`
 returns and print nothing themselves."""
 
 from __future__ import annotations
 
-from icl_ssm.select.evaluators import RELIABILITY_TARGET
+from icl_ssm.select.subset_losses import RELIABILITY_TARGET
 
 
 def reliability_lines(summary: dict) -> list[str]:

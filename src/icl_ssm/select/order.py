@@ -10,7 +10,7 @@ import numpy as np
 
 from icl_ssm.data.tasks import Example
 from icl_ssm.select.base import arrange
-from icl_ssm.select.evaluators import SubsetEvaluator
+from icl_ssm.select.subset_losses import SubsetEvaluator
 
 
 def search_order(evaluator: SubsetEvaluator, pool: Sequence[Example], validation: Sequence[Example],

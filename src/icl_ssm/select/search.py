@@ -54,7 +54,6 @@ from icl_ssm.evaluate.stats import spearman
 from icl_ssm.select.base import Hooks, Selection, Selector, register, validate_selection_inputs
 from icl_ssm.select.calibrated import CalibratedEvaluator
 from icl_ssm.select.estimators import mean_affinity
-from icl_ssm.select.evaluators import SubsetEvaluator
 from icl_ssm.select.order import search_order
 from icl_ssm.select.sampling import label_quotas
 from icl_ssm.select.search_candidates import SOURCES as SOURCES  # re-exported, as is key: callers import them here
@@ -62,6 +61,7 @@ from icl_ssm.select.search_candidates import Arm, affinity_prompts, swap_prompts
 from icl_ssm.select.search_candidates import key as key
 from icl_ssm.select.search_plan import MAX_ARMS, SearchPlan, fit_confirmation, plan_lines, plan_search, rungs_for
 from icl_ssm.select.search_run import SearchRun
+from icl_ssm.select.subset_losses import SubsetEvaluator
 
 SCREENS = ("compressed", "dense", "none")  # the screen a run names (compressed: the run's compressor, a control too)
 PILOT = 4  # prompts timed on each evaluator before the plan
@@ -162,7 +162,7 @@ class PromptSearch(Selector):
         """``cfg.screen``: ``compressed`` (``compressor``'s caches), ``dense`` or ``none``; the
         confirmation and the order search on dense caches; label balance where the task has labels."""
         from icl_ssm.compress.builders import cache_for
-        from icl_ssm.select.evaluators import CacheEvaluator
+        from icl_ssm.select.subset_losses import CacheEvaluator
 
         labels = tuple(builder.task.labels) if builder.task.kind == "classification" else ()
         balance = bool(labels)

@@ -15,8 +15,8 @@ import numpy as np
 from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
 from icl_ssm.select.calibrated import calibrated_losses, gold_indices
-from icl_ssm.select.evaluators import SubsetEvaluator, SubsetLosses, concat, reliability, split_half
 from icl_ssm.select.search_candidates import Arm, Arms, balanced_prompts, random_prompts
+from icl_ssm.select.subset_losses import SubsetEvaluator, SubsetLosses, concat, reliability, split_half
 
 
 class Halving(NamedTuple):
@@ -178,7 +178,7 @@ class SearchRun:
 
     def screen_stats(self) -> dict[str, Any]:
         """Split-half reliability of the screen's prompt losses (over its queries)
-        (:func:`~icl_ssm.select.evaluators.split_half`, :func:`~icl_ssm.select.evaluators.reliability`),
+        (:func:`~icl_ssm.select.subset_losses.split_half`, :func:`~icl_ssm.select.subset_losses.reliability`),
         on the prompts screened with per-query losses."""
         rows = [r for r in self.screen_results if r.query_losses is not None and len(r.losses)]
         if not rows:

@@ -1,6 +1,6 @@
 """Selection on the synthetic regression task with the language tasks' machinery: the pool and
 queries as :class:`~icl_ssm.data.tasks.Example` handles (their ids index the arrays), a
-:class:`~icl_ssm.select.evaluators.SubsetEvaluator` whose loss is the squared error of the
+:class:`~icl_ssm.select.subset_losses.SubsetEvaluator` whose loss is the squared error of the
 teacher's prediction after a subset's cache (dense, compressed or window), and the test error
 of a chosen prompt. :class:`~icl_ssm.select.affinity.AffinitySelector` then runs unchanged.
 """
@@ -17,7 +17,7 @@ from icl_ssm.compress.builders import CacheBuilder
 from icl_ssm.compress.cache import PrefixCache, dense_cache, forward_with_prefix
 from icl_ssm.cost import Cost, measure
 from icl_ssm.data.tasks import Example
-from icl_ssm.select.evaluators import SubsetEvaluator, SubsetLosses
+from icl_ssm.select.subset_losses import SubsetEvaluator, SubsetLosses
 from icl_ssm_bench.synthetic.task import SelectionSplit
 from icl_ssm_bench.synthetic.teacher import RegressionTeacher, prompt_values
 

@@ -16,7 +16,7 @@ from icl_ssm.cost import measure
 from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.answers import evaluate_prefixes, pad_right
 from icl_ssm.lm.prompts import PromptBuilder
-from icl_ssm.select.evaluators import CacheEvaluator
+from icl_ssm.select.subset_losses import CacheEvaluator
 
 
 def evaluate_selection(

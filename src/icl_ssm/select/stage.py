@@ -38,10 +38,10 @@ from icl_ssm.select.base import (
     validate_selection_inputs,
 )
 from icl_ssm.select.config import EVALUATED, SelectConfig, selection_queries
-from icl_ssm.select.evaluate import calibrate_prompt, evaluate_calibrated, evaluate_selection
-from icl_ssm.select.evaluators import CacheEvaluator
+from icl_ssm.select.held_out import calibrate_prompt, evaluate_calibrated, evaluate_selection
 from icl_ssm.select.order import search_order
 from icl_ssm.select.per_query import per_query_selection
+from icl_ssm.select.subset_losses import CacheEvaluator
 
 
 def make_selector(cfg: SelectConfig, model, builder: PromptBuilder, compressor: SSMCompressor | None = None,
