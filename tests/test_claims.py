@@ -274,13 +274,18 @@ def test_trust_calibrated_targets_follow_the_rule_fixed_before_the_runs():
 
 
 def test_trust_calibrated_names_a_run_made_by_two_commits_or_thread_counts():
-    from claim_tables import trust_calibrated as tc
+    from claim_tables.adapt import as_record
+
+    from icl_ssm.provenance import made_by_summary
+
+    def made_by(raw):  # what the table reads: the provenance of the record the adapter makes
+        return made_by_summary(as_record("trust-calibrated/run.json", raw).provenance)
 
     fine = {"mean": 0.0, "ci95": [-0.01, 0.01]}
     one = _calibrated_run("cr", 16, 8, 0.7, fine, fine, True, commits=("a" * 40, "a" * 40), threads=(2, 2))
     two = _calibrated_run("cr", 17, 8, 0.7, fine, fine, True, commits=("a" * 40, "b" * 40), threads=(2, 1))
-    assert tc.made_by(one)["mixed"] is None
-    mixed = tc.made_by(two)["mixed"]
+    assert made_by(one)["mixed"] is None
+    mixed = made_by(two)["mixed"]
     assert "commits aaaaaaa, bbbbbbb" in mixed and "1 torch thread (stage1)" in mixed
     old = {"environment": {"commit": "c" * 40, "machine": "x86_64, 1 torch threads, cpu"}}
-    assert tc.made_by(old)["threads"] == [1] and tc.made_by(old)["mixed"] is None
+    assert made_by(old)["threads"] == [1] and made_by(old)["mixed"] is None

@@ -13,7 +13,7 @@ PACKAGE = SRC / "icl_ssm"
 
 # The layers in data-flow order; a module may import only from its own layer or earlier ones.
 LAYERS = (
-    ("icl_ssm.atomic", "icl_ssm.cost", "icl_ssm.lock", "icl_ssm.provenance", "icl_ssm.schema"),
+    ("icl_ssm.atomic", "icl_ssm.cost", "icl_ssm.lock", "icl_ssm.provenance", "icl_ssm.records", "icl_ssm.schema"),
     ("icl_ssm.data",),
     ("icl_ssm.lm",),
     ("icl_ssm.calibrate",),  # a per-label bias on label scores

@@ -12,8 +12,9 @@ from __future__ import annotations
 import statistics
 from typing import NamedTuple
 
+from icl_ssm.provenance import record_made_by as made_by
+
 from .base import Records, ci, cite, table
-from .trust_calibrated import made_by
 
 RETRIEVAL = ("bm25", "topk", "bm25 (per query)")
 EQUAL_TIME = "search-equal-time.json"  # the pooled decision over the per-task records it names

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import statistics
 
-from icl_ssm.provenance import record_made_by as made_by
+from icl_ssm.provenance import made_by_summary
+from icl_ssm.records import Record
 
-from .base import Records, ci, table
+from .adapt import as_record
+from .base import Records
+from .render import Column, render
 
 FOLDER = "trust-calibrated"
 PLANNED = 15  # rotten_tomatoes, cr, coin_flip x seeds 15-19
@@ -88,40 +91,45 @@ def verdicts(e: dict) -> list[str]:
             f"at or above 12 of the 16 calibrated random prompts where the run chose to search (target 70%): {share}"]
 
 
+def _chose(r: Record) -> str:
+    room = r["headroom_reliability"].value
+    return ("search" if r["searched"].value else "calibrated random") + (f" ({room:.2f})" if room is not None else "")
+
+
+def _made_by(r: Record) -> str:
+    who = made_by_summary(r.provenance)
+    return (", ".join(who["commits"]) + f"; {'/'.join(map(str, who['threads']))} thr"
+            + (f"; {len(who['dirty'])} dirty" if who["dirty"] else ""))
+
+
+def _at_or_above(r: Record) -> str:
+    return f"{r['calibrated_plain_at_or_above'].value} / {r['calibrated_balanced_at_or_above'].value}"
+
+
+COLUMNS = [
+    Column("task", config="task"), Column("seed", config="seed"),
+    Column("run chose (headroom reliability)", cell=_chose),
+    Column("handed over: test acc", "handed"), Column("its raw", "handed_raw"),
+    Column("median raw random", "plain_median"), Column("median calibrated random", "calibrated_plain_median"),
+    Column("vs the median calibrated prompt (9th of 16)", "calibrated_plain_vs_median", fmt="diff"),
+    Column("vs calibrated zero-shot", "vs_calibrated_zero_shot", fmt="diff"),
+    Column("at or above calibrated plain / balanced (of 16)", cell=_at_or_above),
+    Column("made by (commits; torch threads)", cell=_made_by),
+    Column("record", cell=lambda r: f"[{r.name.split('/')[-1]}](docs/results/{r.name})"),
+]
+
+
 def trust_calibrated(records: Records) -> str:
-    """The run-by-run table and the targets."""
+    """The run-by-run table (the one renderer, over the records read through the one adapter) and the targets."""
     runs = records.glob(f"{FOLDER}/*.json")
     if not runs:
         return (f"No run stored yet. {COMMAND}; the rule and its targets are fixed in "
                 "`tools/claim_tables/trust_calibrated.py`.")
-    rows, mixed = [], []
-    for name, r in runs:
-        cp = r.get("calibrated_plain") or {}
-        vs, vz = cp.get("vs_median_prompt") or {}, r.get("vs_calibrated_zero_shot") or {}
-        room = r.get("headroom") or {}
-        who = made_by(r)
-        if who["mixed"]:
-            mixed.append(f"{r['task']} seed {r['seed']} {who['mixed']}")
-        rows.append([
-            r["task"], str(r["seed"]),
-            ("search" if room.get("search") else "calibrated random") + (
-                f" ({room['reliability']:.2f})" if isinstance(room.get("reliability"), int | float) else ""),
-            f"{r['handed_test_accuracy']:.3f}",
-            f"{r['handed_raw_test_accuracy']:.3f}" if r.get("handed_raw_test_accuracy") is not None else "-",
-            f"{r['plain']['median']:.3f}" if r.get("plain") else "-",
-            f"{cp['median']:.3f}" if cp.get("median") is not None else "-",
-            f"{vs['mean']:+.3f} {ci(vs['ci95'], '+.3f')}" if vs.get("ci95") else "-",
-            f"{vz['mean']:+.3f} {ci(vz['ci95'], '+.3f')}" if vz.get("ci95") else "-",
-            f"{at_or_above(r, 'calibrated_plain')} / {at_or_above(r, 'calibrated_balanced')}",
-            ", ".join(who["commits"]) + f"; {'/'.join(map(str, who['threads']))} thr"
-            + (f"; {len(who['dirty'])} dirty" if who["dirty"] else ""),
-            f"[{name}](docs/results/{FOLDER}/{name})"])
+    read = [as_record(f"{FOLDER}/{name}", r) for name, r in runs]
+    mixed = [f"{r.config['task']} seed {r.config['seed']} {who['mixed']}" for r in read
+             if (who := made_by_summary(r.provenance))["mixed"]]
     e = evaluate([r for _, r in runs])
-    return (table(["task", "seed", "run chose (headroom reliability)", "handed over: test acc", "its raw",
-                   "median raw random", "median calibrated random",
-                   "vs the median calibrated prompt (9th of 16) [95% CI, test examples]",
-                   "vs calibrated zero-shot [95% CI]", "at or above calibrated plain / balanced (of 16)",
-                   "made by (commits; torch threads)", "record"], rows)
+    return (render(read, COLUMNS)
             + f"\n\n{e['runs']} of {PLANNED} runs stored ({COMMAND}). Targets, under the rule fixed before the "
             "runs: " + "; ".join(verdicts(e)) + ". "
             + ("Provenance: " + "; ".join(mixed) + "." if mixed else
