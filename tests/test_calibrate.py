@@ -177,3 +177,21 @@ def test_batch_calibration_on_leaning_inputs_is_warned_of():
     warning = lean_warning(lopsided, saved, LABELS)
     assert warning.startswith("88% of the first 400 inputs are answered 'positive'")
     assert "--calibrate selection" in warning
+
+
+def test_the_calibration_headroom_says_what_one_dense_pass_per_prompt_cost():
+    """``bench headroom --calibrations`` on a tiny model: every prompt's row holds its prompt length,
+    the inputs its one dense pass read and the seconds it took; the task's ``dense_pass`` their medians."""
+    from icl_ssm.lm.tiny import tiny_model, tiny_tokenizer
+    from icl_ssm_bench.calibration import CalibrationHeadroomConfig, calibration_headroom
+
+    cfg = CalibrationHeadroomConfig(tasks=("coin_flip",), k=3, prompts=3, pool_size=20, validation=4, test_size=6,
+                                    methods=("none", "batch"))
+    out = calibration_headroom(cfg, tiny_model("llama"), tiny_tokenizer(), log=lambda line: None)
+    t = out["tasks"]["coin_flip"]
+    shots = t["prompts"][1:]
+    assert all(r["seconds"] > 0 and r["inputs"] == 4 + 6 for r in t["prompts"])
+    assert t["prompts"][0]["prompt_tokens"] < min(r["prompt_tokens"] for r in shots)  # zero-shot: the header alone
+    assert t["dense_pass"] == {"median_seconds": pytest.approx(float(np.median([r["seconds"] for r in shots]))),
+                               "median_prompt_tokens": float(np.median([r["prompt_tokens"] for r in shots])),
+                               "inputs_per_prompt": 10}

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from icl_ssm.calibrate import CALIBRATORS, NONE, get_calibrator
+from icl_ssm.cost import measure
 from icl_ssm.data.tasks import Example
 from icl_ssm.evaluate.stats import paired_bootstrap, spearman, spearman_brown, split_half_spearman
 from icl_ssm.lm.prompts import PromptBuilder
@@ -178,8 +179,9 @@ def calibration_headroom(cfg: CalibrationHeadroomConfig, model, tokenizer, log=p
         rows = []
         for j, idx in enumerate(prompts):
             demos = [splits.pool[i] for i in idx]
-            scores = prompt_scores(model, builder, demos, [*val, *test, *(e for v in extra_inputs.values() for e in v)],
-                                   query_batch=cfg.query_batch).double()
+            inputs = [*val, *test, *(e for v in extra_inputs.values() for e in v)]
+            with measure(model.device, count_flops=False) as cost:  # wall seconds (counting FLOPs slows the pass)
+                scores = prompt_scores(model, builder, demos, inputs, query_batch=cfg.query_batch).double()
             logp = torch.log_softmax(scores, dim=-1)
             logp_val, logp_test = logp[: len(val)], logp[len(val): len(val) + len(test)]
             extra, at = {}, len(val) + len(test)
@@ -187,7 +189,8 @@ def calibration_headroom(cfg: CalibrationHeadroomConfig, model, tokenizer, log=p
                 extra[m], at = logp[at: at + len(inputs)], at + len(inputs)
             methods = prompt_rows(logp_val, gold_val, logp_test, gold_test, extra, cfg.methods)
             rows.append({"indices": idx, "labels": dict(Counter(splits.pool[i].target for i in idx)),
-                         "methods": methods})
+                         "methods": methods, "prompt_tokens": len(builder.build_prefix(demos).input_ids),
+                         "inputs": len(inputs), "seconds": cost.seconds})
             line = ", ".join(f"{m} {np.mean(r['test_correct']):.3f}" for m, r in methods.items())
             log(f"{name} {'zero-shot' if not idx else f'prompt {j}'}: test {line}")
         val_labels = gold_val.numpy()
@@ -199,7 +202,13 @@ def calibration_headroom(cfg: CalibrationHeadroomConfig, model, tokenizer, log=p
             t = np.array([r["methods"][m]["test_correct"] for r in shots], dtype=float)
             summary[m] = summarize_method(v, t, val_labels) | {
                 "zero_shot": float(np.mean(rows[0]["methods"][m]["test_correct"]))}
-        tasks[name] = {"validation_ids": [e.id for e in val], "test_ids": [e.id for e in test],
+        shots = rows[1:]
+        cost = {"median_seconds": float(np.median([r["seconds"] for r in shots])),
+                "median_prompt_tokens": float(np.median([r["prompt_tokens"] for r in shots])),
+                "inputs_per_prompt": shots[0]["inputs"]}  # one dense pass per prompt over these inputs
+        log(f"{name}: a k = {cfg.k} prompt of {cost['median_prompt_tokens']:.0f} tokens (median) read "
+            f"{cost['inputs_per_prompt']} inputs in {cost['median_seconds']:.1f} s (median over {len(shots)} prompts)")
+        tasks[name] = {"validation_ids": [e.id for e in val], "test_ids": [e.id for e in test], "dense_pass": cost,
                        "test_labels": dict(Counter(e.target for e in test)), "summary": summary, "prompts": rows}
     return {"config": asdict(cfg), "tasks": tasks}
 
@@ -221,6 +230,11 @@ def calibration_markdown(result: dict) -> str:
                          f"{100 * s['median']:.1f} ({100 * s['std']:.1f}) | "
                          f"{100 * s['min']:.1f} - {100 * s['max']:.1f} | {best} | {diff} | "
                          f"{_num(s.get('validation_test_spearman'))} | {_num(s.get('validation_split_half'))} |")
+    for name, t in result["tasks"].items():
+        if t.get("dense_pass"):
+            c = t["dense_pass"]
+            lines.append(f"\n{name}: one dense pass per prompt ({c['median_prompt_tokens']:.0f} prompt tokens, "
+                         f"{c['inputs_per_prompt']} inputs): {c['median_seconds']:.1f} s (median over the prompts)")
     return "\n".join(lines)
 
 
