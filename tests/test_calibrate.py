@@ -182,8 +182,9 @@ def test_batch_calibration_on_leaning_inputs_is_warned_of():
 def test_the_calibration_headroom_says_what_one_dense_pass_per_prompt_cost():
     """``bench headroom --calibrations`` on a tiny model: every prompt's row holds its prompt length,
     the inputs its one dense pass read and the seconds it took; the task's ``dense_pass`` their medians."""
-    from icl_ssm.lm.tiny import tiny_model, tiny_tokenizer
     from icl_ssm_bench.calibration import CalibrationHeadroomConfig, calibration_headroom
+
+    from icl_ssm.lm.tiny import tiny_model, tiny_tokenizer
 
     cfg = CalibrationHeadroomConfig(tasks=("coin_flip",), k=3, prompts=3, pool_size=20, validation=4, test_size=6,
                                     methods=("none", "batch"))
