@@ -187,12 +187,12 @@ def test_the_calibration_headroom_says_what_one_dense_pass_per_prompt_cost():
     from icl_ssm.lm.tiny import tiny_model, tiny_tokenizer
 
     cfg = CalibrationHeadroomConfig(tasks=("coin_flip",), k=3, prompts=3, pool_size=20, validation=4, test_size=6,
-                                    methods=("none", "batch"))
+                                    methods=("none", "batch", "contextual"))  # contextual: 3 content-free inputs more
     out = calibration_headroom(cfg, tiny_model("llama"), tiny_tokenizer(), log=lambda line: None)
     t = out["tasks"]["coin_flip"]
     shots = t["prompts"][1:]
-    assert all(r["seconds"] > 0 and r["inputs"] == 4 + 6 for r in t["prompts"])
+    assert all(r["seconds"] > 0 and r["inputs"] == 4 + 6 + 3 for r in t["prompts"])
     assert t["prompts"][0]["prompt_tokens"] < min(r["prompt_tokens"] for r in shots)  # zero-shot: the header alone
     assert t["dense_pass"] == {"median_seconds": pytest.approx(float(np.median([r["seconds"] for r in shots]))),
                                "median_prompt_tokens": float(np.median([r["prompt_tokens"] for r in shots])),
-                               "inputs_per_prompt": 10}
+                               "inputs_per_prompt": 13}

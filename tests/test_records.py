@@ -86,3 +86,19 @@ def test_the_renderer_prints_each_interval_beside_its_value_and_what_it_rests_on
         Column("x", metric="acc", config="task")
     with pytest.raises(ValueError, match="fmt='pp'; accepted"):
         Column("x", metric="acc", fmt="pp")
+
+
+def test_the_adapter_reads_a_one_task_headroom_record_and_refuses_two():
+    name = "calibration/headroom-k20-foobar-seed0.json"
+    raw = json.loads((ROOT / "docs" / "results" / name).read_text())
+    record = as_record(name, raw)
+    batch = raw["tasks"]["rotten_tomatoes_foobar"]["summary"]["batch"]
+    assert record.config["task"] == "rotten_tomatoes_foobar" and record.config["k"] == 20
+    assert record["batch.median"].value == batch["median"] and record["batch.spearman"].value == batch[
+        "validation_test_spearman"]
+    gain = record["batch.best_minus_median"]
+    assert gain.interval == tuple(batch["best_minus_median"]["ci95"]) and gain.resamples == "test examples"
+    assert record["dense_seconds"].value is None  # recorded before the dense pass was timed
+    two = {**raw, "tasks": {"a": raw["tasks"]["rotten_tomatoes_foobar"], "b": raw["tasks"]["rotten_tomatoes_foobar"]}}
+    with pytest.raises(ValueError, match="one task; it holds 2"):
+        as_record(name, two)

@@ -40,7 +40,7 @@ from claim_tables.calibration import (
     label_lean,
 )
 from claim_tables.demo import demo, demo_time
-from claim_tables.fair_trial import RANKERS, fair_trial_rankers
+from claim_tables.fair_trial import LONG_CONTEXT, RANKERS, fair_trial_long_context, fair_trial_rankers
 from claim_tables.fidelity import compressed_caches, distillation_fidelity, exact_share
 from claim_tables.headline import headline_results
 from claim_tables.paper import paper_artefacts
@@ -168,6 +168,7 @@ TABLES: dict[str, tuple[str, Callable[[Records], str]]] = {
     "calibrate-equal-time-bench": ("BENCHMARKS.md", pending(lambda r: calibrate_equal_time(r, 0), CALIBRATE)),
     "calibration-headroom-bench": ("BENCHMARKS.md", lambda r: calibration_headroom(r, 0)),
     "fair-trial-rankers": ("docs/research/fair-trial.md", pending(fair_trial_rankers, RANKERS)),
+    "fair-trial-long-context": ("docs/research/fair-trial.md", pending(fair_trial_long_context, LONG_CONTEXT[0])),
 }
 
 

@@ -1,10 +1,11 @@
 """The one adapter from the records stored before the record schema (:mod:`icl_ssm.records`) to it.
 
 :func:`as_record` returns a :class:`~icl_ssm.records.Record` for a record of the schema (read as it is)
-or of a family listed in :data:`FAMILIES` (its folder under ``docs/results/``), whose statistics it takes
-from the stored record and names: each metric's value, its interval and what the interval resamples, the
-count it rests on. A record of any other family is refused, naming it; a family joins by adding its
-reader here, and its table then renders through :func:`claim_tables.render.render`.
+or of a family listed in :data:`FAMILIES`, whose statistics it takes from the stored record and names:
+each metric's value, its interval and what the interval resamples, the count it rests on. A family is
+named by the start of its records' names under ``docs/results/``; a record of any other family is
+refused, naming it. A family joins by adding its reader here, and its tables then render through
+:func:`claim_tables.render.render`.
 """
 
 from __future__ import annotations
@@ -68,8 +69,39 @@ def trust_run(raw: dict[str, Any], name: str) -> Record:
                   {"test": list(raw.get("test_ids") or [])}, name)
 
 
+def calibration_headroom(raw: dict[str, Any], name: str) -> Record:
+    """One task's ``bench headroom --calibrations`` (``docs/results/*/headroom-*``): per calibration
+    ``m``, its random prompts' test accuracies (``m.median``, ``m.sd``, ``m.min``, ``m.max``), how well
+    validation ranks them (``m.spearman``, ``m.split_half``), the prompt best on validation over the
+    median (``m.best_minus_median``, over test examples) and zero-shot (``m.zero_shot``); the dense
+    pass's cost per prompt where recorded (``dense_seconds``, ``prompt_tokens``)."""
+    tasks = raw.get("tasks") or {}
+    if len(tasks) != 1:
+        raise ValueError(f"record {name!r}: the adapter reads a headroom record of one task; it holds {len(tasks)}")
+    [(task, t)] = tasks.items()
+    cfg = raw.get("config") or {}
+    n, prompts = len(t.get("test_ids") or []) or cfg.get("test_size"), cfg.get("prompts")
+    metrics: dict[str, Metric] = {}
+    for m, s in (t.get("summary") or {}).items():
+        metrics |= {f"{m}.median": _accuracy(s.get("median"), n), f"{m}.sd": Metric(s.get("std"), n=prompts),
+                    f"{m}.min": _accuracy(s.get("min"), n), f"{m}.max": _accuracy(s.get("max"), n),
+                    f"{m}.spearman": Metric(s.get("validation_test_spearman"), n=prompts, unit="spearman"),
+                    f"{m}.split_half": Metric(s.get("validation_split_half"), n=cfg.get("validation"),
+                                              unit="spearman"),
+                    f"{m}.best_minus_median": _difference(s.get("best_minus_median")),
+                    f"{m}.zero_shot": _accuracy(s.get("zero_shot"), n)}
+    cost = t.get("dense_pass") or {}
+    metrics |= {"dense_seconds": Metric(cost.get("median_seconds"), n=prompts, unit="seconds per prompt"),
+                "prompt_tokens": Metric(cost.get("median_prompt_tokens"), n=prompts, unit="tokens")}
+    return Record({"process": raw.get("provenance")}, {"task": task, **cfg}, metrics,
+                  {"validation": list(t.get("validation_ids") or []), "test": list(t.get("test_ids") or [])}, name)
+
+
+# a family: the start of its records' names under docs/results/
 FAMILIES: dict[str, Callable[[dict[str, Any], str], Record]] = {
-    "trust-calibrated": trust_run,
+    "trust-calibrated/": trust_run,
+    "calibration/headroom-": calibration_headroom,
+    "fair-trial/headroom-": calibration_headroom,
 }
 
 
@@ -77,8 +109,8 @@ def as_record(name: str, raw: dict[str, Any]) -> Record:
     """``raw`` (the JSON stored at ``docs/results/<name>``) as a :class:`Record`."""
     if raw.get("schema") == SCHEMA:
         return Record.from_dict(raw, name)
-    family = name.split("/")[0] if "/" in name else ""
-    if family not in FAMILIES:
+    family = next((start for start in FAMILIES if name.startswith(start)), None)
+    if family is None:
         raise ValueError(f"record {name!r}: neither of the record schema ({SCHEMA}) nor of a family the adapter "
                          f"reads ({', '.join(FAMILIES)}); add its reader to tools/claim_tables/adapt.py")
     return FAMILIES[family](raw, name)

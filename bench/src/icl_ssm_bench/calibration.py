@@ -179,9 +179,9 @@ def calibration_headroom(cfg: CalibrationHeadroomConfig, model, tokenizer, log=p
         rows = []
         for j, idx in enumerate(prompts):
             demos = [splits.pool[i] for i in idx]
-            inputs = [*val, *test, *(e for v in extra_inputs.values() for e in v)]
+            read = [*val, *test, *(e for v in extra_inputs.values() for e in v)]
             with measure(model.device, count_flops=False) as cost:  # wall seconds (counting FLOPs slows the pass)
-                scores = prompt_scores(model, builder, demos, inputs, query_batch=cfg.query_batch).double()
+                scores = prompt_scores(model, builder, demos, read, query_batch=cfg.query_batch).double()
             logp = torch.log_softmax(scores, dim=-1)
             logp_val, logp_test = logp[: len(val)], logp[len(val): len(val) + len(test)]
             extra, at = {}, len(val) + len(test)
@@ -190,7 +190,7 @@ def calibration_headroom(cfg: CalibrationHeadroomConfig, model, tokenizer, log=p
             methods = prompt_rows(logp_val, gold_val, logp_test, gold_test, extra, cfg.methods)
             rows.append({"indices": idx, "labels": dict(Counter(splits.pool[i].target for i in idx)),
                          "methods": methods, "prompt_tokens": len(builder.build_prefix(demos).input_ids),
-                         "inputs": len(inputs), "seconds": cost.seconds})
+                         "inputs": len(read), "seconds": cost.seconds})
             line = ", ".join(f"{m} {np.mean(r['test_correct']):.3f}" for m, r in methods.items())
             log(f"{name} {'zero-shot' if not idx else f'prompt {j}'}: test {line}")
         val_labels = gold_val.numpy()
