@@ -324,7 +324,7 @@ def test_the_cache_paths_serve_a_teacher_that_reads_value_tokens():
         exact = forward_with_prefix(teacher, dense_cache(teacher, prefix), query).predictions[:, -1]
         torch.testing.assert_close(exact, dense, rtol=1e-4, atol=1e-5)  # the exact cache is the dense prompt
         config = SSMCompressorConfig.for_teacher(teacher.config, state_size=8, num_virtual=2, num_sink=2,
-                                                 latent_size=8, num_recent=4, gate=True)
+                                                 latent_size=8, num_recent=4, gate=True, gate_init=-6.0)
         assert config.teacher_vocab_size == 0 and config.teacher_num_layers == 2
         torch.manual_seed(0)
         compressor = SSMCompressor(config).eval()
