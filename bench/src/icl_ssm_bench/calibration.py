@@ -194,15 +194,13 @@ def calibration_headroom(cfg: CalibrationHeadroomConfig, model, tokenizer, log=p
             line = ", ".join(f"{m} {np.mean(r['test_correct']):.3f}" for m, r in methods.items())
             log(f"{name} {'zero-shot' if not idx else f'prompt {j}'}: test {line}")
         val_labels = gold_val.numpy()
-        summary = {}
+        summary, shots = {}, rows[1:]
         for m in [*cfg.methods, ON_INPUTS]:
-            shots = rows[1:]
             v = None if shots[0]["methods"][m]["validation_correct"] is None else np.array(
                 [r["methods"][m]["validation_correct"] for r in shots], dtype=float)
             t = np.array([r["methods"][m]["test_correct"] for r in shots], dtype=float)
             summary[m] = summarize_method(v, t, val_labels) | {
                 "zero_shot": float(np.mean(rows[0]["methods"][m]["test_correct"]))}
-        shots = rows[1:]
         cost = {"median_seconds": float(np.median([r["seconds"] for r in shots])),
                 "median_prompt_tokens": float(np.median([r["prompt_tokens"] for r in shots])),
                 "inputs_per_prompt": shots[0]["inputs"]}  # one dense pass per prompt over these inputs

@@ -27,7 +27,7 @@ from torch import Tensor
 from transformers import PretrainedConfig, PreTrainedModel
 
 from icl_ssm.compress.builders import CompressedCache, DenseCache
-from icl_ssm.compress.cache import PrefixCache, compressed_cache, dense_cache, teacher_forward
+from icl_ssm.compress.cache import PrefixCache, teacher_forward
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, head_dim, kv_heads
 from icl_ssm.cost import measure, peak_rss, rss_bytes, rss_peak, track_freed_memory
 from icl_ssm.data.tasks import Example
@@ -61,7 +61,7 @@ from icl_ssm_bench.shapes import (
 
 @dataclass(frozen=True)
 class LeanDenseCache:
-    """The dense prefix of :func:`dense_cache` without the LM head over the prompt (a cost
+    """The dense prefix of :func:`DenseCache` without the LM head over the prompt (a cost
     comparator: the logits of the prompt's own tokens are never read)."""
 
     model: PreTrainedModel
@@ -183,10 +183,9 @@ class _Bench:
 
     def builds(self) -> dict[str, Callable[[Tensor, Tensor], PrefixCache]]:
         """The cache builds measured alone: ``(ids, mask) -> PrefixCache``."""
-        out = {"dense": lambda ids, mask: dense_cache(self.model, ids, mask), "dense-lean": LeanDenseCache(self.model)}
+        out = {"dense": DenseCache(self.model), "dense-lean": LeanDenseCache(self.model)}
         for c, compressor in self.compressors.items():
-            out["compressed" if c == "recipe" else f"{c}-compressed"] = (
-                lambda ids, mask, comp=compressor: compressed_cache(self.model, comp, ids, mask))
+            out["compressed" if c == "recipe" else f"{c}-compressed"] = CompressedCache(self.model, compressor)
         return out
 
     def prompt_batch(self, k: int, batch: int) -> tuple[Tensor, Tensor]:
