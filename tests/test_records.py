@@ -102,3 +102,33 @@ def test_the_adapter_reads_a_one_task_headroom_record_and_refuses_two():
     two = {**raw, "tasks": {"a": raw["tasks"]["rotten_tomatoes_foobar"], "b": raw["tasks"]["rotten_tomatoes_foobar"]}}
     with pytest.raises(ValueError, match="one task; it holds 2"):
         as_record(name, two)
+
+
+def test_a_part_of_a_record_is_a_row_of_its_own():
+    record = Record(MADE, {"task": "cr"}, {"bm25.acc": Metric(0.7), "random.acc": Metric(0.6), "random.sd": Metric(0.1),
+                                           "wall": Metric(3.0)}, {"test": ["t1"]}, "x.json")
+    part = record.part("random")
+    assert set(part.metrics) == {"acc", "sd"} and part["acc"].value == 0.6
+    assert part.config == {"task": "cr", "part": "random"} and part.provenance == MADE and part.name == "x.json"
+    with pytest.raises(KeyError, match="no part 'topk'"):
+        record.part("topk")
+    rows = [record.part(p) for p in ("bm25", "random")]
+    text = render(rows, [Column("arm", config="part"), Column("acc", "acc", fmt=lambda x: f"{100 * x:.0f}%")])
+    assert "| bm25 | 70% |" in text and "| random | 60% |" in text
+
+
+def test_the_readers_are_gathered_from_their_modules_and_an_overlap_is_refused(monkeypatch):
+    import types
+
+    from claim_tables import adapt, readers
+
+    assert adapt.FAMILIES["trust-calibrated/"].__module__ == "claim_tables.readers.trust_calibrated"
+    clash = types.ModuleType("claim_tables.readers.zz_clash")
+    clash.FAMILIES = {"trust-calibrated/run": lambda raw, name: None}
+    monkeypatch.setitem(sys.modules, clash.__name__, clash)
+    real = adapt.pkgutil.iter_modules
+    monkeypatch.setattr(adapt.pkgutil, "iter_modules",
+                        lambda path: [*real(path), types.SimpleNamespace(name="zz_clash")])
+    with pytest.raises(ValueError, match="overlaps 'trust-calibrated/'"):
+        adapt._gather()
+    assert readers.__name__ == "claim_tables.readers"

@@ -8,8 +8,9 @@ A generated table sits in a markdown file between two markers::
 
 ``python tools/claims.py`` renders every table and exits 1 when the committed text differs,
 naming the file, the table, the number that differs and the records the table reads;
-``python tools/claims.py --write`` writes the rendered tables in. Every record a table reads must
-carry a ``provenance`` block (:data:`PROVENANCE`); a record missing any of it fails the check.
+``python tools/claims.py --write`` writes the rendered tables in; ``--show NAME`` prints one table.
+Every record a table reads must carry a ``provenance`` block (:data:`PROVENANCE`); a record missing
+any of it fails the check.
 The script reads JSON only: it runs no model.
 
 This file holds the reader (:class:`Records`, :func:`validate_record`), the markers, the registry
@@ -240,7 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="write the rendered tables into the markdown files")
     parser.add_argument("--root", type=Path, default=ROOT, help="the repository root")
+    parser.add_argument("--show", metavar="NAME", choices=sorted(TABLES),
+                        help="print one table as rendered from the records (no check, nothing written)")
     args = parser.parse_args(argv)
+    if args.show:
+        records = Records(args.root)
+        print(TABLES[args.show][1](records))
+        return 0
     try:
         problems = check(args.root, write=args.write)
     except ClaimError as e:

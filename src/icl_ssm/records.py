@@ -96,6 +96,16 @@ class Record:
             raise KeyError(f"record {self.name!r} has no metric {key!r}; it has: {', '.join(self.metrics)}")
         return self.metrics[key]
 
+    def part(self, prefix: str) -> Record:
+        """The part of this record named ``prefix`` (an arm, a method, a cache) as a record of its
+        own: the metrics ``prefix.X`` as ``X``, the same provenance and example ids, the config
+        with ``part = prefix``; one row of a table whose rows are the parts of one record."""
+        start = f"{prefix}."
+        metrics = {k[len(start):]: m for k, m in self.metrics.items() if k.startswith(start)}
+        if not metrics:
+            raise KeyError(f"record {self.name!r} has no part {prefix!r} (no metric named {start}...)")
+        return Record(self.provenance, {**self.config, "part": prefix}, metrics, self.example_ids, self.name)
+
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "provenance": self.provenance, "config": self.config,
                 "metrics": {k: m.to_dict() for k, m in self.metrics.items()}, "example_ids": self.example_ids}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from icl_ssm.records import Metric, Record
 
-from .base import table
+from .base import p_text, table
 
 FORMATS: dict[str, Callable[[float], str]] = {
     "acc": lambda x: f"{x:.3f}",
@@ -21,25 +21,28 @@ FORMATS: dict[str, Callable[[float], str]] = {
     "int": lambda x: f"{x:.0f}",
     "pct": lambda x: f"{100 * x:.1f}",
     "points": lambda x: f"{100 * x:+.1f}",
+    "p": p_text,
+    "ratio": lambda x: f"{x:.1f}x",
+    "seconds": lambda x: f"{x:.0f} s",
 }
 
 
 @dataclass(frozen=True)
 class Column:
-    """``header``; the cell is the record's ``metric`` (printed by ``fmt``, one of :data:`FORMATS`,
-    with its interval), its ``config`` setting, or ``cell(record)`` for what neither holds (a link,
-    who made it)."""
+    """``header``; the cell is the record's ``metric`` (printed by ``fmt``, one of :data:`FORMATS` or
+    a function of the number, with its interval), its ``config`` setting, or ``cell(record)`` for what
+    neither holds (a link, who made it)."""
 
     header: str
     metric: str | None = None
     config: str | None = None
-    fmt: str = "acc"
+    fmt: str | Callable[[float], str] = "acc"
     cell: Callable[[Record], str] | None = None
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.metric, self.config, self.cell)) != 1:
             raise ValueError(f"column {self.header!r}: give one of metric, config or cell")
-        if self.fmt not in FORMATS:
+        if not callable(self.fmt) and self.fmt not in FORMATS:
             raise ValueError(f"column {self.header!r}: fmt={self.fmt!r}; accepted: {', '.join(FORMATS)}")
 
     def render(self, record: Record) -> str:
@@ -48,7 +51,7 @@ class Column:
         if self.config is not None:
             value = record.config.get(self.config)
             return "-" if value is None else str(value)
-        return metric_text(record[self.metric], FORMATS[self.fmt])
+        return metric_text(record[self.metric], self.fmt if callable(self.fmt) else FORMATS[self.fmt])
 
 
 def metric_text(metric: Metric, show: Callable[[float], str]) -> str:
