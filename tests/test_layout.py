@@ -104,6 +104,24 @@ def test_the_library_never_imports_the_benchmarks_or_the_study():
     assert into_cli == []
 
 
+CACHE_API = ("DynamicCache", "get_seq_length", "batch_repeat_interleave", "ddp_cache_data")
+
+
+def test_only_lm_hf_touches_the_transformers_cache_api():
+    """The Cache API (making a ``DynamicCache``, reading its length, repeating its rows) is reached
+    through :mod:`icl_ssm.lm.hf` alone, so a transformers release that renames it breaks one file."""
+    touching = {}
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        names |= {n.arg for n in ast.walk(tree) if isinstance(n, ast.keyword) and n.arg}
+        if found := sorted(names & set(CACHE_API)):
+            touching[module_name(path)] = found
+    assert touching == {"icl_ssm.lm.hf": sorted(CACHE_API)}
+
+
 def test_the_checker_sees_an_upward_import(tmp_path):
     """The walk above is not vacuous: an upward import in a file is found."""
     fake = tmp_path / "mod.py"

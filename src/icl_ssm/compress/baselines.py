@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from icl_ssm.compress.cache import PrefixCache, _check_prompt, dense_cache, sink_window_slots, tokens_arg
-from icl_ssm.lm.hf import kv_from_cache, output_cache, rerotate_keys, with_cache
+from icl_ssm.lm.hf import kv_from_cache, new_cache, output_cache, rerotate_keys, with_cache
 
 
 def streaming_cache(
@@ -95,7 +95,7 @@ def lm_infinite_cache(
     position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
     dtype = next(model.parameters()).dtype
     out = model(**tokens_arg(model, input_ids), attention_mask=lambda_mask(mask, num_sink, n_window, dtype),
-                position_ids=position_ids, use_cache=True, **with_cache(model, DynamicCache()))
+                position_ids=position_ids, use_cache=True, **with_cache(model, new_cache()))
     keys, values = kv_from_cache(output_cache(out))
     lengths = mask.sum(1)
     index, slot = sink_window_slots(lengths, num_sink, n_window)

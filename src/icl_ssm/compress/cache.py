@@ -1,7 +1,8 @@
-"""Every contact with the transformers Cache API (v5) lives here, and in the modules built on
-this one: :mod:`.baselines` (the StreamingLLM and LM-Infinite caches), :mod:`.generate` and
-:mod:`.packed` (many short suffixes read after one prefix row, :func:`forward_with_prefix` its
-reference).
+"""The prefix caches: :class:`PrefixCache` and the functions that build one from a prompt, and the
+query's inputs after one (:func:`query_inputs`, :func:`forward_with_prefix`). Built on this module:
+:mod:`.baselines` (the StreamingLLM and LM-Infinite caches), :mod:`.generate` and :mod:`.packed`
+(many short suffixes read after one prefix row, :func:`forward_with_prefix` its reference). The
+transformers Cache API itself is reached only through :mod:`icl_ssm.lm.hf`.
 
 A :class:`PrefixCache` is what stands in front of a query: per-layer keys and values
 ``(B, H_kv, L, d)`` (post-RoPE, as the teacher's own cache holds them), which of the ``L``
@@ -28,15 +29,17 @@ at the uncompressed prompt's length.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from icl_ssm.compress.compressor import SSMCompressor
 from icl_ssm.lm.hf import (
     hidden_after_layers,
     kv_from_cache,
+    new_cache,
     output_cache,
     prefix_mask_for,
     real_positions,
@@ -88,7 +91,7 @@ class PrefixCache:
         """Each row ``n`` times in a row: ``(B, ...) -> (B * n, ...)``."""
         return self.select(torch.arange(self.batch_size).repeat_interleave(n))
 
-    def extended(self, cache: DynamicCache, mask: Tensor) -> PrefixCache:
+    def extended(self, cache: Any, mask: Tensor) -> PrefixCache:
         """This prefix followed by the tokens a forward after it has just read.
 
         ``cache``: that forward's cache (these ``length`` slots, then ``q`` new ones);
@@ -110,9 +113,9 @@ class PrefixCache:
                            next_position=self.next_position + mask.sum(1), prompt_length=self.prompt_length,
                            bias=bias, positions=positions)
 
-    def to_dynamic(self) -> DynamicCache:
-        """A fresh ``DynamicCache`` holding these keys and values."""
-        return DynamicCache(ddp_cache_data=list(zip(self.keys, self.values)))
+    def to_dynamic(self) -> Any:
+        """A fresh transformers ``DynamicCache`` holding these keys and values."""
+        return new_cache(self.keys, self.values)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
@@ -151,7 +154,7 @@ def teacher_forward(
     mask = _check_prompt(input_ids, None) if attention_mask is None else attention_mask.bool()
     position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
     return model(**tokens_arg(model, input_ids), attention_mask=mask.long(), position_ids=position_ids,
-                 use_cache=True, **with_cache(model, DynamicCache()), **kwargs)
+                 use_cache=True, **with_cache(model, new_cache()), **kwargs)
 
 
 def tokens_arg(model: PreTrainedModel, tokens: Tensor) -> dict[str, Tensor]:

@@ -1,10 +1,14 @@
 """The one module that touches the transformers forward and Cache API: the cache argument's name,
-the returned cache, ``logits_to_keep``, the attention mask over a prefix, and K/V read from a
-``DynamicCache``. A transformers release that renames these breaks this file alone."""
+the returned cache, ``logits_to_keep``, the attention mask over a prefix, a ``DynamicCache`` made
+from K/V (or empty), its K/V, length and batch read back, and a copy of it repeated per row. A
+transformers release that renames these breaks this file alone; every other module reaches the
+Cache API through these functions."""
 
 from __future__ import annotations
 
+import copy
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -118,7 +122,36 @@ def output_cache(out: Any) -> Any:
 
 
 def kv_from_cache(cache: DynamicCache) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """Per layer, the cache's keys and values ``(B, H_kv, L, d)``."""
     return tuple(layer.keys for layer in cache.layers), tuple(layer.values for layer in cache.layers)
+
+
+def new_cache(keys: Sequence[Tensor] = (), values: Sequence[Tensor] = ()) -> DynamicCache:
+    """A fresh ``DynamicCache``: empty, or holding per layer ``keys[i], values[i]``
+    ``(B, H_kv, L, d)`` (a forward appends to it in place, so each forward gets its own)."""
+    if len(keys) != len(values):
+        raise ValueError(f"{len(keys)} layers of keys but {len(values)} of values")
+    return DynamicCache(ddp_cache_data=list(zip(keys, values))) if keys else DynamicCache()
+
+
+def cache_length(cache: Any) -> int:
+    """How many positions a transformers cache holds."""
+    return int(cache.get_seq_length())
+
+
+def cache_batch_size(cache: Any) -> int:
+    """How many rows a transformers cache holds."""
+    size = getattr(cache, "batch_size", None)
+    return size if isinstance(size, int) and size > 0 else int(cache.layers[0].keys.shape[0])
+
+
+def repeated_cache(cache: Any, n: int) -> Any:
+    """A copy of a batch-1 transformers cache with its row repeated ``n`` times (the original
+    is left as it was: a forward appends to a cache in place)."""
+    out = copy.deepcopy(cache)
+    if n > 1:
+        out.batch_repeat_interleave(n)
+    return out
 
 
 def logits_to_keep_kwargs(model: PreTrainedModel, keep: int | Tensor) -> dict:

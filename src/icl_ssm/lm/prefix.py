@@ -5,11 +5,12 @@ onto the prompts and turned into a forward pass's inputs."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
+
+from icl_ssm.lm.hf import cache_batch_size, cache_length, repeated_cache
 
 
 class PrefixLike(Protocol):
@@ -59,9 +60,7 @@ def _is_prefix_like(prefix: Any) -> bool:
 def _prefix_batch_size(prefix: Any) -> int:
     if _is_prefix_like(prefix):
         return int(prefix.mask.shape[0])
-    size = getattr(prefix, "batch_size", None)  # a transformers Cache
-    if not (isinstance(size, int) and size > 0):
-        size = int(prefix.layers[0].keys.shape[0])
+    size = cache_batch_size(prefix)  # a transformers Cache
     if size != 1:
         raise ValueError(
             f"a plain transformers Cache as prefix must have batch size 1, got {size}; "
@@ -77,8 +76,7 @@ def prefix_inputs(
     additive attention bias of the prefix slots (B, L) or None, where each slot stands in the
     prompt (B, L) long or None for the real slots in order).
 
-    With a plain transformers Cache this is the module's only contact with the Cache API:
-    ``copy.deepcopy``, ``get_seq_length`` and ``batch_repeat_interleave``.
+    A plain transformers Cache is copied and repeated per row through :mod:`icl_ssm.lm.hf`.
     """
     n = len(rows)
     if prefix is None:
@@ -94,10 +92,8 @@ def prefix_inputs(
         bias, positions = getattr(sub, "bias", None), getattr(sub, "positions", None)
         return (sub.to_dynamic(), sub.mask.long().to(device), sub.next_position.long().to(device),
                 None if bias is None else bias.to(device), None if positions is None else positions.to(device))
-    cache = copy.deepcopy(prefix)  # forward passes append to a cache in place
-    length = int(cache.get_seq_length())
-    if n > 1:
-        cache.batch_repeat_interleave(n)
+    cache = repeated_cache(prefix, n)  # a copy: forward passes append to a cache in place
+    length = cache_length(cache)
     start = length if position_offset is None else position_offset
     mask = torch.ones(n, length, dtype=torch.long, device=device)
     return cache, mask, torch.full((n,), start, dtype=torch.long, device=device), None, None
