@@ -41,11 +41,11 @@ from icl_ssm.lm.hf import (
     kv_from_cache,
     new_cache,
     output_cache,
-    prefix_mask_for,
     real_positions,
     slot_positions,
     with_cache,
 )
+from icl_ssm.lm.prefix import prefix_inputs
 
 
 @dataclass(frozen=True)
@@ -338,11 +338,10 @@ def query_inputs(model: PreTrainedModel, prefix: PrefixCache, input_ids: Tensor,
         )
     qmask = (torch.ones(input_ids.shape[:2], dtype=torch.bool, device=input_ids.device) if attention_mask is None
              else attention_mask.bool())
-    position_ids = prefix.next_position[:, None] + (qmask.long().cumsum(1) - 1).clamp(min=0)
-    full_mask = prefix_mask_for(model, prefix.mask, qmask, prefix.bias, dtype=prefix.keys[0].dtype,
-                                positions=prefix.positions)
-    return {**tokens_arg(model, input_ids), "attention_mask": full_mask, "position_ids": position_ids,
-            **with_cache(model, prefix.to_dynamic())}
+    after = prefix_inputs(prefix, None, None, prefix.mask.device)
+    positions = after.positions((qmask.long().cumsum(1) - 1).clamp(min=0))
+    return {**tokens_arg(model, input_ids),
+            **after.forward_kwargs(model, qmask, positions, dtype=prefix.keys[0].dtype)}
 
 
 def forward_with_prefix(
@@ -354,5 +353,5 @@ def forward_with_prefix(
 ):
     """``model(...)`` on the query ``input_ids: (B, q)`` (or ``(B, q, F)``) after ``prefix``: a
     language model's output has logits ``(B, q, vocab)``, a regression teacher's predictions ``(B, q)``."""
-    return model(**query_inputs(model, prefix, input_ids, attention_mask), use_cache=True, **kwargs)
+    return model(**query_inputs(model, prefix, input_ids, attention_mask), **kwargs)  # use_cache: query_inputs
 

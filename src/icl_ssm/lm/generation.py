@@ -12,7 +12,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from icl_ssm.lm.batch import PromptLike, as_ids, pad_batch
-from icl_ssm.lm.hf import accepts_logits_to_keep, output_cache, prefix_mask_for, with_cache
+from icl_ssm.lm.hf import accepts_logits_to_keep, output_cache
 from icl_ssm.lm.logprobs import check_positions
 from icl_ssm.lm.prefix import PrefixLike, prefix_inputs, prefix_row_map
 from icl_ssm.lm.prompts import SEPARATOR, PromptBuilder
@@ -65,8 +65,8 @@ def _greedy_batch(
     """:func:`greedy_generate` of one batch ``seqs`` (left-padded), each after its row of
     ``prefix_rows``; returns the generated ids, one list per sequence."""
     step_ids, mask, positions, _ = pad_batch(seqs, "left", model)  # (batch, seq) each
-    cache, prefix_mask, next_position, bias, slots = prefix_inputs(prefix, prefix_rows, position_offset, model.device)
-    positions = positions + next_position[:, None]
+    after = prefix_inputs(prefix, prefix_rows, position_offset, model.device)
+    positions, cache = after.positions(positions), None  # None: the prefix's own cache, at the first step
     seen = mask  # (batch, seen)
     check_positions(model, int(positions.max()) + max_new_tokens)
     extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
@@ -74,15 +74,8 @@ def _greedy_batch(
     done = [max_new_tokens == 0] * len(seqs)
     while not all(done):
         with torch.no_grad():
-            out = model(
-                input_ids=step_ids,
-                attention_mask=prefix_mask_for(model, prefix_mask, seen, bias, step_ids.shape[1], model.dtype,
-                                               positions=slots),
-                position_ids=positions,  # (batch, step)
-                use_cache=True,
-                **with_cache(model, cache),
-                **extra,
-            )
+            out = model(input_ids=step_ids, **after.forward_kwargs(model, seen, positions, num_new=step_ids.shape[1],
+                                                                   cache=cache, keep_cache=True), **extra)
         cache = output_cache(out)
         next_ids = out.logits[:, -1].argmax(-1)  # (batch,)
         _append(next_ids.tolist(), generated, done, eos, max_new_tokens, stop)

@@ -19,8 +19,8 @@ import torch
 from transformers import PreTrainedModel
 
 from icl_ssm.lm.batch import PADDING_SIDES, PromptLike, as_ids, pad_batch
-from icl_ssm.lm.hf import accepts_logits_to_keep, prefix_mask_for, with_cache
-from icl_ssm.lm.prefix import PrefixLike, prefix_inputs, prefix_row_map
+from icl_ssm.lm.hf import accepts_logits_to_keep
+from icl_ssm.lm.prefix import AfterPrefix, PrefixLike, prefix_inputs, prefix_row_map
 
 # a request: (context ids, continuation ids); a shared row: (prefix row, input ids)
 _Request = tuple[list[int], list[int]]
@@ -147,20 +147,11 @@ def continuation_logprobs_ref(
     out = torch.empty(len(requests), dtype=torch.float32, device=device)
     for i, (ctx, cont) in enumerate(requests):
         ids = torch.tensor([ctx + cont], device=device)  # (1, seq)
-        cache, prefix_mask, next_position, bias, slots = prefix_inputs(
-            prefix, [rows_of[i]], position_offset, device
-        )  # _, (1, L), (1,), None or (1, L), None or (1, L)
-        positions = next_position[:, None] + torch.arange(ids.shape[1], device=device)  # (1, seq)
+        after = prefix_inputs(prefix, [rows_of[i]], position_offset, device)
+        positions = after.positions(torch.arange(ids.shape[1], device=device)[None])  # (1, seq)
         check_positions(model, int(positions.max()) + 1)
-        mask = prefix_mask_for(model, prefix_mask, torch.ones_like(ids), bias, dtype=model.dtype, positions=slots)
         with torch.no_grad():
-            logits = model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                use_cache=cache is not None,
-                **with_cache(model, cache),
-            ).logits  # (1, seq, vocab)
+            logits = model(input_ids=ids, **after.forward_kwargs(model, torch.ones_like(ids), positions)).logits
         logprobs = logits[0].float().log_softmax(-1)  # (seq, vocab)
         steps = torch.arange(len(cont), device=device)
         out[i] = logprobs[len(ctx) - 1 + steps, torch.tensor(cont, device=device)].sum()
@@ -199,25 +190,17 @@ def _forward_logprobs(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
-    prefix_inputs: tuple[Any, torch.Tensor, torch.Tensor, Any, Any],
+    after: AfterPrefix,
     keep: list[int],
 ) -> torch.Tensor:
     """Log-softmax of the logits at positions ``keep``: (batch, len(keep), vocab) float32.
 
     ``input_ids``, ``attention_mask``, ``position_ids``: (batch, seq), positions counted from
-    0; ``prefix_inputs``: (cache or None, prefix mask (batch, L), next position (batch,), bias,
-    slot positions).
+    0; ``after``: the prefix before the batch (:class:`~icl_ssm.lm.prefix.AfterPrefix`).
     """
-    cache, prefix_mask, next_position, bias, slots = prefix_inputs
-    positions = position_ids + next_position[:, None]  # (batch, seq)
+    positions = after.positions(position_ids)  # (batch, seq)
     check_positions(model, int(positions.max()) + 1)
-    kwargs: dict[str, Any] = {
-        "attention_mask": prefix_mask_for(model, prefix_mask, attention_mask, bias, dtype=model.dtype,
-                                          positions=slots),
-        "position_ids": positions,
-        "use_cache": cache is not None,
-        **with_cache(model, cache),
-    }
+    kwargs = after.forward_kwargs(model, attention_mask, positions)
     keep_t = torch.tensor(keep, device=input_ids.device)
     with torch.no_grad():
         if accepts_logits_to_keep(model):

@@ -1,16 +1,22 @@
-"""What stands before the prompts when they are scored after a prefix: a :class:`PrefixLike`
-(``icl_ssm.compress.cache.PrefixCache``: K/V rows, slot mask, next position; one row shared by
-all prompts or one per prompt) or a plain transformers ``Cache`` of batch 1, its rows mapped
-onto the prompts and turned into a forward pass's inputs."""
+"""A forward pass after a prefix, the one place its inputs are made: what stands before the
+prompts (a :class:`PrefixLike`, ``icl_ssm.compress.cache.PrefixCache``: K/V rows, slot mask, next
+position, one row shared by all prompts or one per prompt; or a plain transformers ``Cache`` of
+batch 1), its rows mapped onto the prompts (:func:`prefix_row_map`), and :class:`AfterPrefix`,
+which turns them into the forward's cache, attention mask and position ids. Label scores,
+answer losses, generation (:mod:`.logprobs`, :mod:`.generation`) and the compressed caches'
+queries (``icl_ssm.compress.cache.query_inputs``) all read a prefix through it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from torch import Tensor
+from transformers import PreTrainedModel
 
-from icl_ssm.lm.hf import cache_batch_size, cache_length, repeated_cache
+from icl_ssm.lm.hf import cache_batch_size, cache_length, prefix_mask_for, repeated_cache, with_cache
 
 
 class PrefixLike(Protocol):
@@ -69,31 +75,67 @@ def _prefix_batch_size(prefix: Any) -> int:
     return size
 
 
-def prefix_inputs(
-    prefix: Any, rows: Sequence[int], position_offset: int | None, device: torch.device
-) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(fresh cache or None, prefix attention mask (B, L) long, next position (B,) long,
-    additive attention bias of the prefix slots (B, L) or None, where each slot stands in the
-    prompt (B, L) long or None for the real slots in order).
+@dataclass(frozen=True)
+class AfterPrefix:
+    """A prefix ready for one forward pass of ``B`` rows: ``cache`` (a fresh transformers cache, or
+    None without a prefix), ``mask (B, L)`` long its real slots, ``next_position (B,)`` the position
+    of the first token after it, ``bias (B, L)`` an additive attention bias on its slots or None,
+    ``slots (B, L)`` where each slot stands in the prompt or None (the real slots in order)."""
 
+    cache: Any
+    mask: Tensor
+    next_position: Tensor
+    bias: Tensor | None = None
+    slots: Tensor | None = None
+
+    def positions(self, relative: Tensor) -> Tensor:
+        """``(B, q)`` positions counted from 0 after the prefix -> the model's position ids."""
+        return relative + self.next_position[:, None]
+
+    def forward_kwargs(self, model: PreTrainedModel, seen_mask: Tensor, position_ids: Tensor, *,
+                       num_new: int | None = None, dtype: torch.dtype | None = None, cache: Any = None,
+                       keep_cache: bool = False) -> dict:
+        """``model``'s ``attention_mask``, ``position_ids``, ``use_cache`` and cache arguments for the
+        tokens after the prefix: ``seen_mask (B, S)`` those read so far, the last ``num_new`` (None:
+        all) this forward's; ``position_ids`` theirs (absolute, :meth:`positions`); ``cache``: the
+        cache a previous step returned (None: this prefix's own); ``keep_cache``: the forward returns
+        its cache even without a prefix (a generation's next step reads it)."""
+        cache = self.cache if cache is None else cache
+        mask = prefix_mask_for(model, self.mask, seen_mask, self.bias, num_new, dtype or model.dtype,
+                               positions=self.slots)
+        return {"attention_mask": mask, "position_ids": position_ids, "use_cache": keep_cache or cache is not None,
+                **with_cache(model, cache)}
+
+
+def prefix_inputs(
+    prefix: Any, rows: Sequence[int] | None, position_offset: int | None, device: torch.device
+) -> AfterPrefix:
+    """``prefix`` (None, a :class:`PrefixLike` or a plain transformers Cache) for one forward over
+    the prefix rows ``rows`` (one per sequence; None: a :class:`PrefixLike`'s rows as they are).
+    ``position_offset``: where the tokens after a plain Cache start (None: its length).
     A plain transformers Cache is copied and repeated per row through :mod:`icl_ssm.lm.hf`.
     """
-    n = len(rows)
+    if rows is None and not _is_prefix_like(prefix):
+        raise ValueError("rows=None needs a PrefixLike prefix (its rows as they are)")
+    n = 0 if rows is None else len(rows)
     if prefix is None:
         start = torch.full((n,), position_offset or 0, dtype=torch.long, device=device)
-        return None, torch.zeros(n, 0, dtype=torch.long, device=device), start, None, None
+        return AfterPrefix(None, torch.zeros(n, 0, dtype=torch.long, device=device), start)
     if _is_prefix_like(prefix):
         if position_offset is not None:
             raise ValueError(
                 "position_offset applies to a plain transformers Cache; this prefix sets the "
                 "positions itself (next_position)"
             )
-        sub = prefix.select(torch.tensor(list(rows), dtype=torch.long))
-        bias, positions = getattr(sub, "bias", None), getattr(sub, "positions", None)
-        return (sub.to_dynamic(), sub.mask.long().to(device), sub.next_position.long().to(device),
-                None if bias is None else bias.to(device), None if positions is None else positions.to(device))
+        sub = prefix if rows is None else prefix.select(torch.tensor(list(rows), dtype=torch.long))
+        return AfterPrefix(sub.to_dynamic(), sub.mask.long().to(device), sub.next_position.long().to(device),
+                           _to(getattr(sub, "bias", None), device), _to(getattr(sub, "positions", None), device))
     cache = repeated_cache(prefix, n)  # a copy: forward passes append to a cache in place
     length = cache_length(cache)
     start = length if position_offset is None else position_offset
     mask = torch.ones(n, length, dtype=torch.long, device=device)
-    return cache, mask, torch.full((n,), start, dtype=torch.long, device=device), None, None
+    return AfterPrefix(cache, mask, torch.full((n,), start, dtype=torch.long, device=device))
+
+
+def _to(t: Tensor | None, device: torch.device) -> Tensor | None:
+    return None if t is None else t.to(device)
