@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make demo` as a new user meets it: a fresh clone of HEAD, empty pip and model caches, the
 # install included. Writes a JSON record (date, machine, commit, seconds of the install and of
-# the whole command, the report's handed-over prompt) to the path given.
+# the whole command, the report's handed-over prompt, every method's chosen indices) to the path given.
 #   tools/time_demo.sh docs/results/demo-cold-$(date +%F).json
 #   REV=abc1234 tools/time_demo.sh OUT.json     # a given commit (default HEAD), e.g. for a second run
 set -euo pipefail
@@ -39,7 +39,10 @@ record = {"command": "tools/time_demo.sh", "what": "make demo from a fresh clone
                                                                    "screened", "screen_reliability")},
           "fidelity_verdict": (rep.get("fidelity_verdict") or {}).get("verdict"),
           "compressor_source": (rep.get("compressor") or {}).get("source"),
-          "stage_seconds": rep.get("stage_seconds")}
+          "stage_seconds": rep.get("stage_seconds"),
+          # what each method chose (pool indices in prompt order) and what was handed over: two runs select alike
+          "selections": {s.get("name") or s.get("method"): s.get("indices") for s in rep.get("selections") or []},
+          "handed_indices": rep["handed_over"].get("indices")}
 record["provenance"] = {k: record[k] for k in ("command", "commit", "machine", "date")}
 record["provenance"].update(torch=torch, transformers=transformers)
 os.makedirs(os.path.dirname(out), exist_ok=True)

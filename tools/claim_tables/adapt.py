@@ -40,9 +40,10 @@ def _gather() -> dict[str, Callable[[dict[str, Any], str], Record]]:
 FAMILIES = _gather()
 
 
-def as_record(name: str, raw: dict[str, Any]) -> Record:
-    """``raw`` (the JSON stored at ``docs/results/<name>``) as a :class:`Record`."""
-    if raw.get("schema") == SCHEMA:
+def as_record(name: str, raw: dict[str, Any] | list) -> Record:
+    """``raw`` (the JSON stored at ``docs/results/<name>``: an object, or an older record's list of
+    runs) as a :class:`Record`."""
+    if isinstance(raw, dict) and raw.get("schema") == SCHEMA:
         return Record.from_dict(raw, name)
     family = next((start for start in FAMILIES if name.startswith(start)), None)
     if family is None:

@@ -1,75 +1,114 @@
 """Calibration (docs/research/calibration.md): the label lean in the stored subset losses, the
-headroom left after each calibration, and the pre-registered equal-time experiment."""
+headroom left after each calibration, and the pre-registered equal-time experiment.
+
+Every table renders through the one renderer over records read through the one adapter; a row that is one part
+of a stored record (a stored subset-loss record, an arm, a seed and target) reads its own settings from
+``config["parts"]`` (:mod:`claim_tables.readers.calibration`).
+"""
 
 from __future__ import annotations
 
-from claim_tables.base import Records, ci, pct, table
+from collections.abc import Callable
+from typing import Any
+
+from claim_tables.adapt import as_record
+from claim_tables.base import Records, pct
+from claim_tables.render import FORMATS, Column, intervals_note, metric_text, render
+from icl_ssm.records import Record
 
 CALIBRATE = "calibration/calibrate-equal-time.json"
+LEAN = "calibration/label-lean-rotten_tomatoes.json"
+FIDELITY = "calibration/fidelity-calibrated-rotten_tomatoes-k20-32x64.json"
+ALGORITHM2 = "calibration/algorithm2-calibrated-rotten_tomatoes-k20.json"
+
+
+def setting(r: Record, key: str) -> Any:
+    """A row's own setting: the part's in ``config["parts"]``."""
+    return r.config["parts"][r.config["part"]][key]
+
+
+def parts(r: Record) -> list[Record]:
+    return [r.part(p) for p in r.config["parts"]]
+
+
+LEAN_COLUMNS = [
+    Column("record", cell=lambda r: setting(r, "record").split("/")[-1]),
+    Column("k", cell=lambda r: str(setting(r, "k"))),
+    Column("subsets x queries", cell=lambda r: f"{setting(r, 'subsets')} x {setting(r, 'queries')}"),
+    Column("R^2 quadratic in lean", "r2_quadratic", fmt=lambda x: f"{x:.3f}"),
+    Column("R^2 linear", "r2_linear", fmt=lambda x: f"{x:.3f}"),
+    Column("recency count^2", "spearman.recency_count2", fmt="rho"),
+    Column("plain count^2", "spearman.count2", fmt="rho"),
+    Column("compressed", "spearman.compressed", fmt="rho"), Column("control", "spearman.control", fmt="rho"),
+]
 
 
 def label_lean(records: Records) -> str:
-    data = records("calibration/label-lean-rotten_tomatoes.json")
-    rows = []
-    for r in data["records"]:
-        if r.get("dense_same_as_or_nested_in"):
-            continue  # the same dense losses as a record above
-        by = {s["ranker"]: s for s in r["spearman"]}
-        cells = []
-        for name in ("recency-weighted label count, score^2 (w_i = i/k)", "plain label count, count^2",
-                     "cache path: compressed", "cache path: control"):
-            s = by.get(name)
-            cells.append("-" if s is None else f"{s['spearman']:.2f} {ci(s['ci95'])}")
-        rows.append([r["record"].split("/")[-1], str(r["k"]), f"{r['n_subsets']} x {r['n_queries']}",
-                     f"{r['r2_quadratic']:.3f}", f"{r['r2_linear']:.3f}", *cells])
-    header = ["record", "k", "subsets x queries", "R^2 quadratic in lean", "R^2 linear", "recency count^2",
-              "plain count^2", "compressed", "control"]
-    return (table(header, rows) + "\n\nSpearman against the label-balanced dense loss, 95% bootstrap intervals "
-            f"over subsets. {records.link('calibration/label-lean-rotten_tomatoes.json', 2)}")
+    """Per stored subset-loss record (not one repeating another's dense losses): the lean's R^2 and the rankers."""
+    rows = [r for r in parts(as_record(LEAN, records(LEAN))) if not setting(r, "dense_same_as_or_nested_in")]
+    return (render(rows, LEAN_COLUMNS) + "\n\nSpearman against the label-balanced dense loss, 95% bootstrap "
+            f"intervals over subsets. {records.link(LEAN, 2)}")
+
+
+def _headroom_rows(records: Records) -> tuple[list[Record], list[str]]:
+    """Each headroom record's tasks, one at a time (the headroom reader reads a record of one task), as one row
+    per calibration; and the links."""
+    rows, used = [], []
+    for name, raw in records.glob("calibration/headroom-*.json"):
+        used.append(f"calibration/{name}")
+        for task, t in raw["tasks"].items():
+            read = as_record(f"calibration/{name}", {**raw, "tasks": {task: t}})
+            methods = list(dict.fromkeys(k.split(".")[0] for k in read.metrics if k.endswith(".median")))
+            rows += [read.part(m) for m in methods]
+    return rows, used
+
+
+def _spread(r: Record) -> str:
+    return f"{pct(r['median'].value)} ({pct(r['sd'].value)})"
 
 
 def calibration_headroom(records: Records, depth: int = 2) -> str:
-    rows = []
-    used = []
-    for name, data in records.glob("calibration/headroom-*.json"):
-        used.append(records.link(f"calibration/{name}", depth))
-        cfg = data["config"]
-        for task, t in data["tasks"].items():
-            n = sum(t["test_labels"].values())
-            for method, s in t["summary"].items():
-                diff = s.get("best_minus_median")
-                rows.append([task, str(cfg["seed"]), "-" if cfg["imbalance"] is None else f"{cfg['imbalance']:.0%}",
-                             method, pct(s["zero_shot"]), f"{pct(s['median'])} ({pct(s['std'])})",
-                             f"{pct(s['min'])}-{pct(s['max'])}",
-                             "-" if "best_on_validation_test" not in s else pct(s["best_on_validation_test"]),
-                             "-" if not diff else f"{100 * diff['mean']:+.1f} "
-                                                  f"[{100 * diff['ci95'][0]:+.1f}, {100 * diff['ci95'][1]:+.1f}]",
-                             _num(s.get("validation_test_spearman")), _num(s.get("validation_split_half")),
-                             f"{len(s['test_accuracy'])} x {n}"])
-    header = ["task", "split seed", "first label's share of test", "calibration", "zero-shot",
-              "random prompts: median (sd)", "min-max", "best on validation: test",
-              "best minus median [95% CI, test examples]", "validation-test Spearman", "validation split-half",
-              "prompts x test examples"]
-    return table(header, rows) + "\n\nAccuracies in %. " + ", ".join(used)
+    rows, used = _headroom_rows(records)
+    columns = [
+        Column("task", config="task"), Column("split seed", config="seed"),
+        Column("first label's share of test",
+               cell=lambda r: "-" if r.config["imbalance"] is None else f"{r.config['imbalance']:.0%}"),
+        Column("calibration", config="part"), Column("zero-shot", "zero_shot", fmt="pct"),
+        Column("random prompts: median (sd)", cell=_spread),
+        Column("min-max", cell=lambda r: f"{pct(r['min'].value)}-{pct(r['max'].value)}"),
+        Column("best on validation: test", "best_test", fmt="pct"),
+        Column("best minus median [95% CI, test examples]", "best_minus_median", fmt="points"),
+        Column("validation-test Spearman", "spearman", fmt="rho"),
+        Column("validation split-half", "split_half", fmt="rho"),
+        Column("prompts x test examples", cell=lambda r: f"{r['sd'].n} x {r['median'].n}"),
+    ]
+    return (render(rows, columns) + "\n\nAccuracies in %. "
+            + ", ".join(records.link(name, depth) for name in used))
+
+
+def _minus_best(r: Record) -> str:
+    return "best" if r.config["part"] == r.config["decision"]["best"] else metric_text(r["vs_best"], FORMATS["points"])
+
+
+CALIBRATE_COLUMNS = [
+    Column("arm", config="part"), Column("test accuracy (as handed over)", "accuracy", fmt="pct"),
+    Column("raw", "raw", fmt="pct"), Column("runs", "runs", fmt="int"), Column("mean wall s", "wall_mean", fmt="int"),
+    Column("minus the best [95% CI: runs x test examples]", cell=_minus_best),
+]
 
 
 def calibrate_equal_time(records: Records, depth: int = 2) -> str:
-    data = records(CALIBRATE)
-    s = data["summary"]
-    rows = []
-    for name, e in s["arms"].items():
-        vs = e.get("vs_best")
-        rows.append([name, pct(e["mean"]), pct(e["raw_mean"]), str(e["runs"]), f"{e['wall_mean']:.0f}",
-                     "best" if vs is None else f"{100 * vs['mean']:+.1f} [{100 * vs['ci95'][0]:+.1f}, "
-                                               f"{100 * vs['ci95'][1]:+.1f}]"])
-    d = s["decision"]
-    text = table(["arm", "test accuracy (as handed over)", "raw", "runs", "mean wall s",
-                  "minus the best [95% CI: runs x test examples]"], rows)
-    text += f"\n\nRule: {d['why']}; `run`'s default: **{d['default']}**."
+    read = as_record(CALIBRATE, records(CALIBRATE))
+    rows = parts(read)
+    # the 'minus the best' cell says "best" for the best arm, so the renderer's intervals line names it here
+    note = intervals_note(rows, [Column(CALIBRATE_COLUMNS[-1].header, "vs_best", fmt="points")])
+    d = read.config["decision"]
+    text = render(rows, CALIBRATE_COLUMNS) + f"\n\n{note}\n\nRule: {d['why']}; `run`'s default: **{d['default']}**."
     c = d.get("cost_target")
     if c:
-        text += (f" Cost target against {c['raw_search']}: accuracy {100 * c['accuracy_gap']:+.1f} points in "
-                 f"{c['wall_ratio']:.2f}x its wall time: **{'met' if c['met'] else 'not met'}**.")
+        text += (f" Cost target against {c['against']}: accuracy {100 * read['cost.accuracy_gap'].value:+.1f} "
+                 f"points in {read['cost.wall_ratio'].value:.2f}x its wall time: "
+                 f"**{'met' if c['met'] else 'not met'}**.")
     return text + " " + records.link(CALIBRATE, depth)
 
 
@@ -77,53 +116,59 @@ def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-FIDELITY = "calibration/fidelity-calibrated-rotten_tomatoes-k20-32x64.json"
+FIDELITY_COLUMNS = [
+    Column("cache", cell=lambda r: {"compressed": "compressed (shipped)", "control": "control (prompt-independent)",
+                                    "window": "window (same slots)"}[r.config["part"]]),
+    Column("Spearman, raw balanced loss [95% CI]", "spearman_balanced", fmt="rho"),
+    Column("Spearman, lean removed [95% CI]", "spearman_calibrated", fmt="rho"),
+]
 
 
 def calibrated_fidelity(records: Records) -> str:
     """Each cache path's subset ranking against the dense prompt, on the raw label-balanced loss and
     with the label lean removed (batch calibration per subset)."""
-    data = records(FIDELITY)
-    rows = []
-    for name, prefix in (("compressed (shipped)", ""), ("control (prompt-independent)", "control_"),
-                         ("window (same slots)", "window_")):
-        cells = []
-        for kind in ("balanced", "calibrated"):
-            rho = data.get(f"{prefix}subset_loss_spearman_{kind}")
-            interval = data.get(f"{prefix}subset_loss_spearman_{kind}_ci95_queries") or [None, None]
-            cells.append("-" if rho is None else f"{rho:.2f}" + (f" {ci(interval)}" if None not in interval else ""))
-        rows.append([name, *cells])
-    text = table(["cache", "Spearman, raw balanced loss [95% CI]", "Spearman, lean removed [95% CI]"], rows)
-    return (text + f"\n\n{data['subsets']} held-out subsets x {data['queries']} queries, k = {data['k']}; intervals "
+    read = as_record(FIDELITY, records(FIDELITY))
+    rows = [read.part(c) for c in ("compressed", "control", "window")]
+    cfg = read.config
+    return (render(rows, FIDELITY_COLUMNS)
+            + f"\n\n{cfg['subsets']} held-out subsets x {cfg['queries']} queries, k = {cfg['k']}; intervals "
             "resample subsets and queries. The dense ranking's own split-half: "
-            f"{_num(data.get('dense_split_half_spearman_balanced'))} raw, "
-            f"{_num(data.get('dense_split_half_spearman_calibrated'))} with the lean removed. "
+            f"{_num(read['dense.split_half_balanced'].value)} raw, "
+            f"{_num(read['dense.split_half_calibrated'].value)} with the lean removed. "
             + records.link(FIDELITY, 2))
 
 
-ALGORITHM2 = "calibration/algorithm2-calibrated-rotten_tomatoes-k20.json"
+TARGETS = {"raw": "raw balanced loss", "batch": "lean removed (batch)"}
+
+
+def _with_reliability(kind: str) -> Callable[[Record], str]:
+    return lambda r: f"{r[f'{kind}_split_half'].value:.2f} ({r[f'{kind}_reliability'].value:.2f})"
+
+
+def _subsets_needed(r: Record) -> str:
+    need = r["subsets_for_0_8"].value
+    return "never (split-half <= 0)" if need is None else f"{need:.0f}"
 
 
 def algorithm2_calibrated(records: Records) -> str:
     """Algorithm 2's reliability on the raw label-balanced subset losses and on the batch-calibrated ones, from the
     same forward passes, seed by seed."""
-    data = records(ALGORITHM2)
-    rows = []
-    for run in data["runs"]:
-        for target, name in (("raw", "raw balanced loss"), ("batch", "lean removed (batch)")):
-            t = run["targets"][target]
-            need = t.get("subsets_for_0_8")
-            rows.append([str(run["seed"]), name,
-                         f"{t['subset_loss_split_half']:.2f} ({t['subset_loss_reliability']:.2f})",
-                         f"{t['score_split_half']:.2f} ({t['score_reliability']:.2f})",
-                         "never (split-half <= 0)" if need is None else str(need),
-                         f"{t['score_label_spearman']:+.2f}",
-                         str(run["top_k_overlap"]) if target == "batch" else "-"])
-    first = data["runs"][0]
-    return (table(["seed", "target", "subset losses: split-half (reliability)",
-                   "candidates' scores: split-half (reliability)", "subsets for reliability 0.8",
-                   "score vs the candidate's own label (Spearman)", f"top-{data['k']} picks shared with raw"], rows)
-            + f"\n\n{first['subsets']} subsets x {first['queries']} validation queries a seed, k = {data['k']}, pool "
-            f"{data['pool_size']}; both targets from the same dense forward passes. Split-halves: subset losses over "
-            "label-stratified halves of the queries, candidates' scores over alternate permutation blocks of the "
-            "subsets (Spearman; reliability by Spearman-Brown). " + records.link(ALGORITHM2, 2))
+    read = as_record(ALGORITHM2, records(ALGORITHM2))
+    rows = [r for r in parts(read) if setting(r, "target") in TARGETS]
+    k = read.config["k"]
+    columns = [
+        Column("seed", cell=lambda r: str(setting(r, "seed"))),
+        Column("target", cell=lambda r: TARGETS[setting(r, "target")]),
+        Column("subset losses: split-half (reliability)", cell=_with_reliability("subset_loss")),
+        Column("candidates' scores: split-half (reliability)", cell=_with_reliability("score")),
+        Column("subsets for reliability 0.8", cell=_subsets_needed),
+        Column("score vs the candidate's own label (Spearman)", "score_label_spearman", fmt=lambda x: f"{x:+.2f}"),
+        Column(f"top-{k} picks shared with raw", "top_k_shared_with_raw", fmt="int"),
+    ]
+    first = rows[0]
+    return (render(rows, columns)
+            + f"\n\n{setting(first, 'subsets')} subsets x {setting(first, 'queries')} validation queries a seed, "
+            f"k = {k}, pool {read.config['pool_size']}; both targets from the same dense forward passes. "
+            "Split-halves: subset losses over label-stratified halves of the queries, candidates' scores over "
+            "alternate permutation blocks of the subsets (Spearman; reliability by Spearman-Brown). "
+            + records.link(ALGORITHM2, 2))

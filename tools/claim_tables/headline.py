@@ -1,160 +1,226 @@
 """docs/results.md's 'In one table': one row per headline claim, each from the records behind it.
 
-Reads the records the BENCHMARKS tables it sums up read: the cost (``select-cost-attention.json``), the
-ranking fidelity at k = 20 and 50, selection quality (``bench select-order``), the prompt search at equal
-time, the pre-registered trust runs and the synthetic regression; their readers come from
-:mod:`.selection`, :mod:`.fidelity` and :mod:`.trust`.
+Reads, through the one adapter, the records the BENCHMARKS tables it sums up read: the cost
+(``select-cost-attention.json``, :mod:`.readers.selection`), the ranking fidelity at k = 20 and 50
+(:mod:`.readers.fidelity`), selection quality (``bench select-order``), the prompt search at equal time (joined by
+:func:`~.readers.trust_targets.equal_time`), the pre-registered trust runs and their evaluation
+(:func:`~.readers.trust_search.evaluation`), the equal-time calibration experiment and the synthetic regression.
+Each row is one record joined from those it reads (:func:`~.readers.fidelity.combined`, with the statistics it
+states over them: the mean and sd over training seeds), rendered by the one renderer (:func:`.fidelity.render_rows`).
 """
 
 from __future__ import annotations
 
-import statistics
+from icl_ssm.records import Metric, Record
 
-from .base import RESULTS, Records, ci, mean_sd, pct, sd, table
-from .fidelity import k20_paths, k20_seeds
-from .selection import METHODS, orders_averaged, test_size
-from .trust import EQUAL_TIME, PLANNED_RUNS, SCREEN_NAMES, equal_time, named, shown_worse, trust_counts
+from .adapt import as_record
+from .base import RESULTS, Records, pct
+from .readers.common import combined
+from .render import FORMATS, metric_text
+from .rows import Row, est, render_rows, val
+from .selection import METHODS
+from .trust import EQUAL_TIME, PLANNED_RUNS, SCREEN_NAMES, equal_time_record, named, read_trust_runs, worse_of
 
 TASK_NAMES = {"rotten_tomatoes": "Rotten Tomatoes"}
+HEADERS = ["measure", "icl-ssm", "beside it", "rests on"]
+CALIBRATE = "calibration/calibrate-equal-time.json"
+SEEDS = {"G": ["g0.compressed.spearman", "g12.compressed.spearman", "g12.G-s2.spearman"],
+         "control": ["g0.control.spearman", "g12.control.spearman", "g12.control-s2.spearman"]}
+
+
+def _points(metric: Metric) -> str:
+    """A difference in points with its interval: ``-0.8 [-5.2, +3.8]``."""
+    return metric_text(metric, FORMATS["points"])
+
+
+def _read(records: Records, name: str) -> Record:
+    return as_record(name, records(name))
+
+
+def _row(name: str, sources: dict[str, Record], cells: dict, stats: dict | None = None, **config) -> Row:
+    """One row: ``sources`` joined (:func:`combined`, with ``stats`` over them and ``config``), ``name`` its
+    measure, ``cells`` its other columns."""
+    return Row(combined(name, sources, stats, {"measure": name, **config}), cells)
+
+
+def _size(r: Record, alias: str) -> str:
+    """``96 x 64``: the held-out subsets and queries of source ``alias``."""
+    config = r.config["sources"][alias]
+    return f"{config['subsets']} x {config['queries']}"
+
+
+def cost_and_ranking(records: Records, depth: int) -> list[Row]:
+    """The cost of scoring a subset at k = 50 and the subset ranking at k = 20 and 50."""
+    link = lambda name: records.link(name, depth)  # noqa: E731
+    ratio = lambda r, path: f"{r[f'cost.k50.{path}.flops_ratio'].value:.1f}x"  # noqa: E731
+    cost = _row("cost of scoring a subset, k = 50", {"cost": _read(records, "select-cost-attention.json")}, {
+        "icl-ssm": lambda r: (f"{ratio(r, 'dense')} fewer FLOPs than a dense prefix shared by the queries "
+                              f"({ratio(r, 'dense-packed')}, both packed)"),
+        "beside it": lambda r: f"dense per query: {ratio(r, 'dense-per-query')} more",
+        "rests on": lambda r: (f"FLOPs counted (attention included), {r.config['sources']['cost']['queries']} "
+                               "queries, the shipped k = 20 compressor (36 slots) read at k = 50; counts do not vary "
+                               "between runs; " + link("select-cost-attention.json"))})
+    k20 = {"g0": "ssm-input-rotten_tomatoes-k20.json", "g12": "seeds-rotten_tomatoes-k20.json"}
+    stats = {f"{p}_{s}": (s, keys) for p, keys in SEEDS.items() for s in ("mean", "sd")}
+    ranking20 = _row("subset ranking vs dense (Spearman), k = 20, 36 slots",
+                     {a: _read(records, n) for a, n in k20.items()}, {
+        "icl-ssm": lambda r: (f"{val(r['G_mean'])} ± {val(r['G_sd'])} (3 training seeds; shipped: "
+                              f"{est(r['g0.compressed.spearman'])})"),
+        "beside it": lambda r: (f"prompt-independent control {val(r['control_mean'])} ± {val(r['control_sd'])}; "
+                                f"window {val(r['g0.window.spearman'])}"),
+        "rests on": lambda r: (f"{r.config['sources']['g0']['subsets']} held-out subsets x "
+                               f"{r.config['sources']['g0']['queries']} queries; interval resamples subsets; ± sample "
+                               f"sd over training seeds; {link(k20['g0'])}, {link(k20['g12'])}")}, stats)
+    k50 = {"big": "ssm-input-rotten_tomatoes-k50-96x64.json", "s0": "k50-recent128-rotten_tomatoes.json",
+           "s1": "k50-recent128-seed1-rotten_tomatoes.json"}
+    rho = lambda r, key: val(r[f"{key}.spearman"])  # noqa: E731
+    ranking50 = _row("subset ranking vs dense (Spearman), k = 50, 148 slots",
+                     {a: _read(records, n) for a, n in k50.items()}, {
+        "icl-ssm": lambda r: (f"shipped: {est(r['big.compressed.spearman'])} on {_size(r, 'big')}; "
+                              f"{rho(r, 's0.compressed')} and {rho(r, 's1.compressed')} (2 training seeds) on "
+                              f"{_size(r, 's0')}"),
+        "beside it": lambda r: (f"control {rho(r, 'big.control')}, window {rho(r, 'big.window')} ({_size(r, 'big')}); "
+                                f"control {rho(r, 's0.control')}, {rho(r, 's1.control')}, window "
+                                f"{rho(r, 's0.window')} ({_size(r, 's0')})"),
+        "rests on": lambda r: ("held-out subsets x queries; interval resamples subsets; "
+                               + ", ".join(link(n) for n in k50.values()))})
+    return [cost, ranking20, ranking50]
+
+
+def selection_rows(records: Records, depth: int) -> list[Row]:
+    """Selection quality at k = 20 and 50: each method's test accuracy, orders averaged, mean ± sd over seeds."""
+    def part(name: str) -> Record:
+        read = _read(records, name)
+        (report,) = read.config["sets"]
+        return read.part(report)
+
+    def listed(r: Record, methods: list[tuple[str, str]]) -> str:
+        return "; ".join(f"{label} {pct(r[f'{m}.averaged'].value)} ± {pct(r[f'{m}.averaged_sd'].value)}"
+                         for m, label in methods if f"{m}.averaged" in r.metrics)
+
+    def row(measure: str, name: str, extra: dict[str, Record] | None = None) -> Row:
+        def rests_on(r: Record) -> str:
+            c = r.config["sources"]["o"]
+            return (f"{c['test_examples']} test examples x {len(c['seeds'])} seeds x {c['permutations']} orders "
+                    f"(accuracy averaged over the orders, then mean ± sample sd over seeds); "
+                    f"{records.link(name, depth)}")
+        ours = [(f"o.{m}", METHODS[m]) for m in ("affinity", "affinity:dense")]
+        beside = [(f"o.{m}", METHODS[m]) for m in ("random", "topk", "bm25")]
+        beside += [("b.bridge:dense", METHODS["bridge"])] if extra else []  # BRIDGE with the dense evaluator
+        return _row(measure, {"o": part(name), **(extra or {})}, {
+            "icl-ssm": lambda r: listed(r, ours), "beside it": lambda r: listed(r, beside), "rests on": rests_on})
+
+    return [row("selection, k = 20, pool 100 (test accuracy, %)", "select-order-perm8-k20-rotten_tomatoes.json",
+                {"b": part("select-order-k20-bridge-gradce.json")}),
+            row("selection, k = 20, `--per-label` (test accuracy, %)",
+                "select-order-perm8-k20-per-label-rotten_tomatoes.json"),
+            row("selection, k = 50, pool 200 (test accuracy, %)", "select-order-perm8-k50-rotten_tomatoes.json")]
+
+
+def equal_time_row(records: Records, depth: int) -> Row:
+    """The prompt search at equal time: a screen before the dense confirmation minus no screen, per budget."""
+    def c(r: Record) -> dict:
+        return r.config["sources"]["e"]
+
+    def screens(r: Record) -> str:
+        return "; ".join(f"{m} min: compressed {_points(r[f'e.{m}.compressed.vs_none'])}, control "
+                         f"{_points(r[f'e.{m}.control.vs_none'])}" for m in c(r)["minutes"])
+
+    def no_screen(r: Record) -> str:
+        decision = c(r)["default_screen"]
+        return ("no screen: " + "; ".join(f"{m} min " + ", ".join(
+            f"{TASK_NAMES.get(t, t)} {pct(r[f'e.{t}.{m}.none.mean'].value)}" for t in c(r)["tasks"])
+            for m in c(r)["minutes"])
+            + f" test accuracy; the pre-registered rule gives {SCREEN_NAMES.get(decision, decision)}")
+
+    def rests_on(r: Record) -> str:
+        tasks, minutes = c(r)["tasks"], c(r)["minutes"]
+        return (f"{' and '.join(TASK_NAMES.get(t, t) for t in tasks)}, "
+                f"{len(c(r)['seeds'])} seeds each at {' and '.join(minutes)} min, "
+                f"{c(r)['test_size']} test examples; interval resamples (task, seed) runs and examples; "
+                + ", ".join(records.link(n, depth) for n in [EQUAL_TIME, *c(r)["records"]]))
+
+    return _row("prompt search at equal time: a screen before the dense confirmation, minus no screen (points)",
+                {"e": equal_time_record(records)}, {"icl-ssm": screens, "beside it": no_screen, "rests on": rests_on})
+
+
+def trust_row(records: Records, depth: int) -> Row | None:
+    """The pre-registered trust runs: where the handed-over prompt stands on unseen seeds (None without a run)."""
+    runs, e = read_trust_runs(records)
+    if e is None:
+        return None
+
+    def placed(r: Record) -> str:
+        v = lambda key: r[f"e.{key}"].value  # noqa: E731
+        return (f"at or above 12 of its 16 plain random prompts in {v('at_or_above_three_quarters')} of {v('runs')} "
+                f"runs (at or above 8 of them in {v('at_or_above_median')}); at or above the best retrieval prompt "
+                f"in {v('at_or_above_retrieval')}; shown better than the median random prompt in "
+                f"{v('shown_better_rt_cr')} of the {v('runs_rt_cr')} Rotten Tomatoes and cr runs; shown worse than "
+                f"it in {v('shown_worse')}{named(worse_of(e))}")
+
+    def rests_on(r: Record) -> str:
+        n = r["e.runs"].value
+        return ((f"{n} of {PLANNED_RUNS} runs finished" if n < PLANNED_RUNS else f"{n} runs")
+                + f" ({', '.join(r.config['tasks'])}); 400 test examples each; "
+                f"[records]({'../' * depth}{RESULTS}/trust-search/)")
+
+    beside = "16 plain random prompts, bm25, topk and per-query bm25 per run, on the same test examples"
+    return _row("`run`'s handed-over prompt on unseen seeds (pre-registered: seeds 5-9, 3 tasks)", {"e": e},
+                {"icl-ssm": placed, "beside it": lambda r: beside, "rests on": rests_on},
+                tasks=sorted({r.config["task"] for r in runs}))
+
+
+def calibration_row(records: Records, depth: int) -> Row:
+    """The pre-registered equal-time experiment of calibration and selection, as one row."""
+    def arm(r: Record, name: str) -> str:
+        m = lambda key: r[f"c.{name}.{key}"]  # noqa: E731
+        vs = "" if m("vs_best").value is None else f", {_points(m('vs_best'))} vs best"
+        return (f"{name} {pct(m('accuracy').value)} (raw {pct(m('raw').value)}; {m('wall_mean').value:.0f} s"
+                f"{vs})")
+
+    def chosen(r: Record) -> str:
+        d = r.config["sources"]["c"]["decision"]
+        return (f"{arm(r, d['best'])}; run's default by the rule: {d['default']}"
+                + ("" if d["default"] == d["best"] else f" ({arm(r, d['default'])})"))
+
+    def others(r: Record) -> str:
+        searches = [n for n in r.config["sources"]["c"]["parts"] if n.startswith("raw-search")]
+        return "; ".join(arm(r, n) for n in searches) + f"; {arm(r, 'calibrated-zero-shot')}"
+
+    def rests_on(r: Record) -> str:
+        cfg = r.config["sources"]["c"]
+        return (f"{', '.join(cfg['tasks'])}, seeds {', '.join(map(str, cfg['seeds']))}, {cfg['test_size']} test "
+                "examples; interval resamples (task, seed) runs and test examples; " + records.link(CALIBRATE, depth))
+
+    return _row("calibrate, then select: test accuracy at each arm's own cost (pre-registered; %)",
+                {"c": _read(records, CALIBRATE)}, {"icl-ssm": chosen, "beside it": others, "rests on": rests_on})
+
+
+def synthetic_row(records: Records, depth: int) -> Row:
+    """The synthetic regression at k = 20: the products cache's ranking and the selection's test MSE."""
+    names = {"s": "synthetic-products-select-k20.json", "q64": "synthetic-products-fidelity-q64.json",
+             "q16": "synthetic-products-fidelity-q16.json"}
+    mse = lambda r, m: f"{r[f's.k20.{m}.mse'].value:.3f}"  # noqa: E731
+    rho = lambda r, key: val(r[f"{key}.spearman"])  # noqa: E731
+    q = lambda r, alias: r.config["sources"][alias]["queries"]  # noqa: E731
+    return _row("synthetic regression, k = 20: SSM on products of neighbouring tokens (`--pair-size`)",
+                {a: _read(records, n) for a, n in names.items()}, {
+        "icl-ssm": lambda r: (f"subset ranking {rho(r, 'q64.compressed')} at {q(r, 'q64')} queries "
+                              f"({rho(r, 'q16.compressed')} at {q(r, 'q16')}); selection test MSE "
+                              f"{mse(r, 'affinity-compressed')} (dense evaluator {mse(r, 'affinity-dense')})"),
+        "beside it": lambda r: (f"control {rho(r, 'q64.control')}, window {rho(r, 'q64.window')}; random prompt "
+                                f"{mse(r, 'random')}, topk {mse(r, 'topk')}"),
+        "rests on": lambda r: (f"{r.config['sources']['q64']['subsets']} subsets; MSE mean over "
+                               f"{r['s.k20.random.mse'].n} seeds; "
+                               + ", ".join(records.link(n, depth) for n in names.values()))})
 
 
 def headline_results(records: Records, depth: int = 1) -> str:
     """docs/results.md's 'In one table'; ``depth``: the page's folders below the root (its record links)."""
-
-    def link(name: str) -> str:
-        return records.link(name, depth)
-
-    rows = []
-
-    cost = records("select-cost-attention.json")
-    by = {(r["k"], r["evaluator"]): r for r in cost["rows"]}
-    rows.append([
-        "cost of scoring a subset, k = 50",
-        f"{by[50, 'dense']['flops_vs_compressed']:.1f}x fewer FLOPs than a dense prefix shared by the queries "
-        f"({by[50, 'dense-packed']['flops_vs_compressed']:.1f}x, both packed)",
-        f"dense per query: {by[50, 'dense-per-query']['flops_vs_compressed']:.1f}x more",
-        f"FLOPs counted (attention included), {cost['queries']} queries, the shipped k = 20 compressor (36 slots) "
-        "read at k = 50; counts do not vary between runs; "
-        + link("select-cost-attention.json")])
-
-    g0, _ = k20_seeds(records)
-    seeds, controls = k20_paths(records, "subset_loss_spearman")
-    rows.append([
-        "subset ranking vs dense (Spearman), k = 20, 36 slots",
-        f"{statistics.fmean(seeds):.2f} ± {sd(seeds):.2f} (3 training seeds; shipped: {seeds[0]:.2f} "
-        f"{ci(g0['subset_loss_spearman_ci95'])})",
-        f"prompt-independent control {statistics.fmean(controls):.2f} ± {sd(controls):.2f}; "
-        f"window {g0['window_subset_loss_spearman']:.2f}",
-        f"{g0['subsets']} held-out subsets x {g0['queries']} queries; interval resamples subsets; ± sample sd "
-        f"over training seeds; {link('ssm-input-rotten_tomatoes-k20.json')}, {link('seeds-rotten_tomatoes-k20.json')}"])
-
-    big = records("ssm-input-rotten_tomatoes-k50-96x64.json")
-    s0 = records("k50-recent128-rotten_tomatoes.json")
-    s1 = records("k50-recent128-seed1-rotten_tomatoes.json")
-    rows.append([
-        "subset ranking vs dense (Spearman), k = 50, 148 slots",
-        f"shipped: {big['subset_loss_spearman']:.2f} {ci(big['subset_loss_spearman_ci95'])} on "
-        f"{big['subsets']} x {big['queries']}; {s0['subset_loss_spearman']:.2f} and {s1['subset_loss_spearman']:.2f} "
-        f"(2 training seeds) on {s0['subsets']} x {s0['queries']}",
-        f"control {big['control_subset_loss_spearman']:.2f}, window {big['window_subset_loss_spearman']:.2f} "
-        f"({big['subsets']} x {big['queries']}); control {s0['control_subset_loss_spearman']:.2f}, "
-        f"{s1['control_subset_loss_spearman']:.2f}, window {s0['window_subset_loss_spearman']:.2f} "
-        f"({s0['subsets']} x {s0['queries']})",
-        f"held-out subsets x queries; interval resamples subsets; {link('ssm-input-rotten_tomatoes-k50-96x64.json')}, "
-        f"{link('k50-recent128-rotten_tomatoes.json')}, {link('k50-recent128-seed1-rotten_tomatoes.json')}"])
-
-    def selection_row(measure: str, name: str, ours: list[str], beside: list[str], extra: dict | None = None) -> None:
-        order = records(name)
-        acc = orders_averaged(order)
-        if extra:
-            acc.update(extra)
-        fmt = lambda ms: "; ".join(f"{METHODS[m]} {mean_sd(acc[m])}" for m in ms if m in acc)  # noqa: E731
-        rows.append([measure, fmt(ours), fmt(beside),
-                     f"{test_size(order, records)} (accuracy averaged over the orders, then mean ± sample sd over "
-                     f"seeds); {link(name)}"])
-
-    bridge = orders_averaged(records("select-order-k20-bridge-gradce.json"))
-    selection_row("selection, k = 20, pool 100 (test accuracy, %)", "select-order-perm8-k20-rotten_tomatoes.json",
-                  ["affinity", "affinity:dense"], ["random", "topk", "bm25", "bridge"],
-                  {"bridge": bridge["bridge:dense"]})
-    selection_row("selection, k = 20, `--per-label` (test accuracy, %)",
-                  "select-order-perm8-k20-per-label-rotten_tomatoes.json",
-                  ["affinity", "affinity:dense"], ["random", "topk", "bm25"])
-    selection_row("selection, k = 50, pool 200 (test accuracy, %)", "select-order-perm8-k50-rotten_tomatoes.json",
-                  ["affinity", "affinity:dense"], ["random", "topk", "bm25"])
-
-    pooled, _, by, tasks, examples = equal_time(records)
-    budgets = {float(m): t for m, t in pooled["summary"]["budgets"].items()}
-    decision = pooled["summary"]["decision"]["default_screen"]
-
-    def arm(s: dict, name: str) -> str:
-        vs = s[name]["vs_cheapest"]
-        return f"{name} {100 * vs['mean']:+.1f} {ci([100 * c for c in vs['ci95']], '+.1f')}"
-
-    rows.append([
-        "prompt search at equal time: a screen before the dense confirmation, minus no screen (points)",
-        "; ".join(f"{m:g} min: {arm(s, 'compressed')}, {arm(s, 'control')}" for m, s in budgets.items()),
-        "no screen: " + "; ".join(f"{m:g} min " + ", ".join(f"{TASK_NAMES.get(t, t)} {pct(by[t, m]['none']['mean'])}"
-                                                              for t in tasks) for m in budgets)
-        + f" test accuracy; the pre-registered rule gives {SCREEN_NAMES.get(decision, decision)}",
-        f"{' and '.join(TASK_NAMES.get(t, t) for t in tasks)}, {budgets[max(budgets)]['none']['runs'] // len(tasks)} "
-        f"seeds each at {' and '.join(f'{m:g}' for m in budgets)} min, {examples} test examples; interval "
-        f"resamples (task, seed) runs and examples; {link(EQUAL_TIME)}, "
-        + ", ".join(link(n) for n in pooled["records"])])
-
-    runs = [r for _, r in records.glob("trust-search/*.json")]
-    if runs:
-        c, worse = trust_counts(runs), shown_worse(runs)
-        tasks = sorted({r["task"] for r in runs})
-        rows.append([
-            "`run`'s handed-over prompt on unseen seeds (pre-registered: seeds 5-9, 3 tasks)",
-            f"at or above 12 of its 16 plain random prompts in {c['at_or_above_three_quarters']} of {c['runs']} runs "
-            f"(at or above 8 of them in {c['at_or_above_median']}); at or above the best retrieval prompt in "
-            f"{c['at_or_above_retrieval']}; shown better than the median random prompt in {c['shown_better_rt_cr']} "
-            f"of the {c['runs_rt_cr']} Rotten Tomatoes and cr runs; shown worse than it in {len(worse)}{named(worse)}",
-            "16 plain random prompts, bm25, topk and per-query bm25 per run, on the same test examples",
-            (f"{c['runs']} of {PLANNED_RUNS} runs finished" if c["runs"] < PLANNED_RUNS else f"{c['runs']} runs")
-            + f" ({', '.join(tasks)}); 400 test examples each; "
-            f"[records]({'../' * depth}{RESULTS}/trust-search/)"])
-
-    if (records.root / RESULTS / "calibration/calibrate-equal-time.json").is_file():
+    rows = [*cost_and_ranking(records, depth), *selection_rows(records, depth), equal_time_row(records, depth)]
+    trust = trust_row(records, depth)
+    rows += [trust] if trust else []
+    if (records.root / RESULTS / CALIBRATE).is_file():
         rows.append(calibration_row(records, depth))
-
-    syn = records("synthetic-products-select-k20.json")
-    q64 = records("synthetic-products-fidelity-q64.json")
-    q16 = records("synthetic-products-fidelity-q16.json")
-    s = {r["method"]: r for r in syn["summary"]}
-    rows.append([
-        "synthetic regression, k = 20: SSM on products of neighbouring tokens (`--pair-size`)",
-        f"subset ranking {q64['compressed']['spearman']:.2f} at {q64['queries']} queries "
-        f"({q16['compressed']['spearman']:.2f} at {q16['queries']}); selection test MSE "
-        f"{s['affinity-compressed']['mse']:.3f} (dense evaluator {s['affinity-dense']['mse']:.3f})",
-        f"control {q64['control']['spearman']:.2f}, window {q64['window']['spearman']:.2f}; random prompt "
-        f"{s['random']['mse']:.3f}, topk {s['topk']['mse']:.3f}",
-        f"{q64['subsets']} subsets; MSE mean over {s['random']['seeds']} seeds; "
-        f"{link('synthetic-products-select-k20.json')}, "
-        f"{link('synthetic-products-fidelity-q64.json')}, {link('synthetic-products-fidelity-q16.json')}"])
-    return table(["measure", "icl-ssm", "beside it", "rests on"], rows)
-
-
-def calibration_row(records: Records, depth: int = 1) -> list[str]:
-    """The pre-registered equal-time experiment of calibration and selection, as one row."""
-    data = records("calibration/calibrate-equal-time.json")
-    arms, d = data["summary"]["arms"], data["summary"]["decision"]
-    cfg = data["config"]
-
-    def arm(name: str) -> str:
-        e = arms[name]
-        vs = e.get("vs_best")
-        diff = "" if vs is None else f", {100 * vs['mean']:+.1f} {ci([100 * c for c in vs['ci95']], '+.1f')} vs best"
-        return f"{name} {100 * e['mean']:.1f} (raw {100 * e['raw_mean']:.1f}; {e['wall_mean']:.0f} s{diff})"
-
-    searches = [n for n in arms if n.startswith("raw-search")]
-    return [
-        "calibrate, then select: test accuracy at each arm's own cost (pre-registered; %)",
-        f"{arm(d['best'])}; run's default by the rule: {d['default']}"
-        + ("" if d["default"] == d["best"] else f" ({arm(d['default'])})"),
-        "; ".join(arm(n) for n in searches) + f"; {arm('calibrated-zero-shot')}",
-        f"{', '.join(cfg['tasks'])}, seeds {', '.join(map(str, cfg['seeds']))}, {cfg['test_size']} test examples; "
-        "interval resamples (task, seed) runs and test examples; "
-        + records.link("calibration/calibrate-equal-time.json", depth)]
+    rows.append(synthetic_row(records, depth))
+    return render_rows(rows, HEADERS)

@@ -13,7 +13,8 @@ def calibration_headroom(raw: dict[str, Any], name: str) -> Record:
     """One task's ``bench headroom --calibrations`` (``docs/results/*/headroom-*``): per calibration
     ``m``, its random prompts' test accuracies (``m.median``, ``m.sd``, ``m.min``, ``m.max``), how well
     validation ranks them (``m.spearman``, ``m.split_half``), the prompt best on validation over the
-    median (``m.best_minus_median``, over test examples) and zero-shot (``m.zero_shot``); the dense
+    median (``m.best_minus_median``, over test examples) and its test accuracy (``m.best_test``), zero-shot
+    (``m.zero_shot``); the dense
     pass's cost per prompt where recorded (``dense_seconds``, ``prompt_tokens``)."""
     tasks = raw.get("tasks") or {}
     if len(tasks) != 1:
@@ -29,7 +30,8 @@ def calibration_headroom(raw: dict[str, Any], name: str) -> Record:
                     f"{m}.split_half": Metric(s.get("validation_split_half"), n=cfg.get("validation"),
                                               unit="spearman"),
                     f"{m}.best_minus_median": difference(s.get("best_minus_median")),
-                    f"{m}.zero_shot": accuracy(s.get("zero_shot"), n)}
+                    f"{m}.zero_shot": accuracy(s.get("zero_shot"), n),
+                    f"{m}.best_test": accuracy(s.get("best_on_validation_test"), n)}
     cost = t.get("dense_pass") or {}
     metrics |= {"dense_seconds": Metric(cost.get("median_seconds"), n=prompts, unit="seconds per prompt"),
                 "prompt_tokens": Metric(cost.get("median_prompt_tokens"), n=prompts, unit="tokens")}
