@@ -203,3 +203,23 @@ def test_fidelity_is_reported_for_a_gemma3_shape(tmp_cache, tmp_path):
     for key in ("kl", "rel_logit_err", "acc_dense", "acc_compressed", "subset_loss_spearman"):
         assert key in report
     assert 0.0 <= report["acc_dense"] <= 1.0 and report["kl"] >= 0.0
+
+
+def test_fidelity_with_the_callers_model_equals_fidelity_that_loads_its_own(tmp_cache, tmp_path):
+    """``icl-ssm run`` hands its loaded model and prompt builder to the fidelity stage: the report is
+    the one a standalone measurement (loading both itself) gives; a model without its builder is refused."""
+    from icl_ssm.data.tasks import get_task
+    from icl_ssm.lm.prompts import PromptBuilder
+
+    teacher = save_tiny(tmp_path / "llama", "llama")
+    model, tokenizer = load_model(str(teacher))
+    small_compressor(model, num_recent=4).save_pretrained(tmp_path / "comp")
+    config = FidelityConfig(model=str(teacher), task="coin_flip", k=4, subsets=3, queries=2,
+                            compressor=str(tmp_path / "comp"))
+    own = run_fidelity(config)
+    builder = PromptBuilder.for_model(model, tokenizer, get_task("coin_flip"))
+    held = run_fidelity(config, model=model, builder=builder)
+    for key in ("kl", "rel_logit_err", "acc_dense", "acc_compressed", "subset_loss_spearman", "cache_tokens"):
+        assert held[key] == pytest.approx(own[key], rel=1e-5, abs=1e-7), key
+    with pytest.raises(ValueError, match="give both model and builder"):
+        run_fidelity(config, model=model)

@@ -111,18 +111,26 @@ def run_fidelity(
     *,
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    model: Any = None,
+    builder: PromptBuilder | None = None,
 ) -> dict:
     """Load what ``config`` names, evaluate every path and return the report dict.
 
     ``on_start(total_subsets)`` is called once the work is known, ``progress(n)`` after each
-    batch of ``n`` subsets.
+    batch of ``n`` subsets. ``model`` and ``builder``: the loaded model of ``config.model`` and
+    its prompt builder for ``config.task`` when the caller holds them (``icl-ssm run``), so that
+    neither is loaded or resolved again; both or neither.
     """
     config.validate()
-    model, tokenizer = load_model(config.model, device=resolve_device(config.device))
+    if (model is None) != (builder is None):
+        raise ValueError("run_fidelity: give both model and builder (the caller's), or neither")
+    if model is None:
+        model, tokenizer = load_model(config.model, device=resolve_device(config.device))
+        builder = PromptBuilder.for_model(model, tokenizer, get_task(config.task, **config.task_options),
+                                          chat=config.chat)
     compressor, control = _load_compressors(config, model)
-    task = get_task(config.task, **config.task_options)
+    task = builder.task
     splits, queries, subsets = _held_out(config, task)
-    builder = PromptBuilder.for_model(model, tokenizer, task, chat=config.chat)
     prefixes = [builder.build_prefix([splits.pool[i] for i in subset]) for subset in subsets]
     also = {name: load_compressor(path, model.config).to(model.device) for name, path in config.also.items()}
     paths = cache_paths(model, compressor, control=control, n_window=config.n_window, also=also,

@@ -64,10 +64,10 @@ def _run_pipeline(cfg: RunConfig, out: Path) -> dict:
     """The stages in order, each handed the :class:`~icl_ssm.pipeline.context.Run` resolved once."""
     run = Run.open(cfg, out)
     atomic.write_json(out / "run_config.json", asdict(cfg))
-    comp = choose_compressor(run)
+    comp = choose_compressor(run)  # a distillation loads its own model, and frees it, before the run's is loaded
+    run = run.with_model(*load_model(cfg.model))
     fidelity = fidelity_stage(run, comp)
     verdict = choose_evaluator(cfg, fidelity, unused=comp.source == "unused")
-    run = run.with_model(*load_model(cfg.model))
     compressor = comp.load(run.model.config)
     room = headroom_stage(run)
     selections = selection_stages(run, cfg.select_config(comp.compressor), verdict, compressor, room)

@@ -14,6 +14,7 @@ from icl_ssm.distill.config import DistillConfig
 from icl_ssm.distill.run import train_compressor
 from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
 from icl_ssm.evaluate.verdict import failed_checks, fidelity_verdict
+from icl_ssm.lm.models import resolve_device
 from icl_ssm.pipeline.config import RunConfig
 from icl_ssm.pipeline.context import Run
 from icl_ssm.pipeline.stages import say, stage_bar, stage_key
@@ -118,8 +119,11 @@ def fidelity_stage(run: Run, comp: CompressorChoice) -> dict | None:
     if fidelity is not None:
         say("fidelity: done before, skipped")
         return fidelity
+    # the run's model and builder where the fidelity measurement runs on the same device (else it loads its own)
+    same = run.model is not None and resolve_device(fcfg.device) == run.model.device
+    held = {"model": run.model, "builder": run.builder} if same else {}
     with stage_bar("fidelity", "subsets") as (on_start, advance):
-        fidelity = run_fidelity(fcfg, on_start=on_start, progress=advance)
+        fidelity = run_fidelity(fcfg, on_start=on_start, progress=advance, **held)
     return run.stages.put("fidelity", key, fidelity)
 
 

@@ -19,7 +19,7 @@ from icl_ssm.pipeline.stages import Stages, say
 @dataclass(frozen=True)
 class Run:
     """One run's resolved inputs. ``model``, ``tokenizer`` and ``builder`` are None until
-    :meth:`with_model` (the compressor and fidelity stages load their own)."""
+    :meth:`with_model` (a distillation, before it, loads its own)."""
 
     cfg: RunConfig
     out: Path
