@@ -131,6 +131,16 @@ def test_a_row_of_several_records_states_its_statistics_and_renders_by_the_one_r
         combined("bad", {"a": a}, {"x": ("mean", ["a.window.spearman"])})
 
 
+def test_a_joined_record_keeps_the_metrics_its_caller_derived_and_states_statistics_over_them():
+    a = as_record("seeds-rotten_tomatoes-k20.json", report())
+    projected = Metric(0.9, n=64, unit="spearman (split-half, predicted)")
+    r = combined("growth", {"a": a}, {"gain": ("minus", ["projected", "a.compressed.spearman"])},
+                 derived={"projected": projected})
+    assert r["projected"] == projected and "a.projected" not in r.metrics
+    assert r["gain"].value == pytest.approx(0.3) and r["gain"].unit == "spearman (split-half, predicted) difference"
+    assert r.config == {"sources": {"a": a.config}}
+
+
 def test_a_record_of_the_schema_is_read_as_it_is():
     record = Record({"process": PROVENANCE}, {}, {"x": Metric(1.0)}, {}, "k50-new.json")
     assert as_record("k50-new.json", record.to_dict())["x"].value == 1.0

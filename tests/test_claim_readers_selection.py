@@ -102,7 +102,7 @@ def test_headroom_k20_reads_each_task_and_k50_reliability_grows_by_spearman_brow
     assert fewer["dense_split_half_low"].n == 2 and fewer.config["split_half_seeds"] == [0, 1]
     grown = reliability_growth(fewer, as_record("select-k50-q96-x.json", k50(96, {0: 0.65})))
     assert grown["predicted"].value == pytest.approx(3 * 0.4 / (1 + 2 * 0.4))
-    assert grown["more.seed0.dense_split_half"].value == 0.65 and grown.config["fewer"]["queries"] == 32
+    assert grown["more.seed0.dense_split_half"].value == 0.65 and grown.config["sources"]["fewer"]["queries"] == 32
 
 
 def test_pooled_estimators_lets_a_later_record_replace_a_seed_and_budget():

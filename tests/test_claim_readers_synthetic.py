@@ -10,7 +10,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from claim_tables.adapt import as_record  # noqa: E402
 from claim_tables.readers.paper_runs import per_query, transfer_matrix  # noqa: E402
-from claim_tables.synthetic import joined, part  # noqa: E402
+from claim_tables.readers.synthetic import from_k  # noqa: E402
+from claim_tables.synthetic import part, row  # noqa: E402
 
 PROV = {"command": "c", "commit": "abc", "machine": "m", "date": "d", "torch": "t", "transformers": "x"}
 
@@ -48,6 +49,11 @@ def _fidelity_run(k, comp, control, diff):
             "flop_ratio": 3.0, "cache_flop_ratio": 4.0}
 
 
+def test_from_k_is_the_smallest_k_after_which_a_statement_always_holds():
+    assert from_k([5, 10, 20, 40], lambda k: k != 10) == 20
+    assert from_k([5, 10, 20], lambda k: k < 20) is None  # not at the largest k
+
+
 def test_a_fidelity_record_names_what_its_intervals_resample_and_ranges_over_its_ks():
     one = as_record("synthetic-x-fidelity-q16.json", {**_fidelity_run(20, 0.8, 0.1, 0.7), "provenance": PROV})
     rho = one["compressed.spearman"]
@@ -82,9 +88,9 @@ def test_a_probe_and_a_teacher_evaluation():
 def test_a_joined_row_reads_each_record_back_with_its_own_config():
     a = as_record("synthetic-x-probe.json", {"k": 20, "pairs": 8, "queries": 4, "provenance": PROV,
                                              "dense": {"diff": 1.0}, "compressed": {"diff": 0.5}})
-    row = joined("probe", probe=a)
-    assert row.config["records"] == ["synthetic-x-probe.json"] and row.config["row"] == "probe"
-    assert part(row, "probe").config == a.config and part(row, "probe")["compressed.rise"].value == 0.5
+    joined = row("probe", probe=a)
+    assert joined.config["records"] == ["synthetic-x-probe.json"] and joined.config["row"] == "probe"
+    assert part(joined, "probe").config == a.config and part(joined, "probe")["compressed.rise"].value == 0.5
 
 
 def test_the_robustness_readers_count_per_kind_and_per_command():

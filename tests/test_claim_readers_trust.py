@@ -9,7 +9,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from claim_tables.adapt import as_record  # noqa: E402
-from claim_tables.readers.trust_search import evaluation  # noqa: E402
+from claim_tables.readers.trust_search import (  # noqa: E402
+    budget_ratio,
+    counts,
+    evaluation,
+    gains,
+    headroom,
+    placed,
+    retrieval_tie,
+    shown_worse_runs,
+)
 from claim_tables.readers.trust_targets import equal_time  # noqa: E402
 
 PROV = {"command": "c", "commit": "abc", "machine": "m", "date": "d", "torch": "t", "transformers": "x"}
@@ -66,6 +75,67 @@ def test_the_trust_evaluation_counts_runs_summarises_gains_and_names_the_runs_sh
     assert e.config["worse"] == [["coin_flip", 5]] and e["worse.coin_flip-s5"].interval == (-0.3, -0.1)
     assert e.config["made_by"]["coin_flip-s5"]["commits"] == ["bbbbbbb"]
     assert e.config["made_by"]["cr-s5"]["threads"] == [2]
+
+
+def _records(runs):
+    """Stored trust runs read as records, each named by its task and seed."""
+    return [as_record(f"trust-search/{r.get('task')}-s{r.get('seed')}.json", r) for r in runs]
+
+
+def test_runs_without_answers_are_counted_by_the_places_they_store():
+    runs = [{"task": "cr", "plain": {"at_or_above": 8, "count": 16, "shown_better": False}},
+            {"task": "rotten_tomatoes", "plain": {"at_or_above": 12, "count": 16, "shown_better": True},
+             "at_or_above_retrieval": True},
+            {"task": "coin_flip", "plain": {"at_or_above": 7, "count": 16, "shown_better": True}}]
+    assert counts(_records(runs)) == {"runs": 3, "at_or_above_median": 2, "at_or_above_three_quarters": 1,
+                                      "at_or_above_three_quarters_balanced": 0, "at_or_above_retrieval": 1,
+                                      "shown_better": 2, "shown_better_rt_cr": 1,
+                                      "runs_balanced": 0, "shown_better_balanced_rt_cr": 0, "runs_rt_cr": 2}
+
+
+def test_trust_places_count_correct_answers_so_a_tie_is_at():
+    """A record's float32 accuracies can put a tie below; the stored answers cannot."""
+    right = lambda n: {"correct": [1] * n + [0] * (400 - n)}  # noqa: E731
+    run = {"plain": {"at_or_above": 0, "count": 2}, "at_or_above_retrieval": False,
+           "prompts_on_test": {"handed-over": right(314), "plain-0": right(314), "plain-1": right(315),
+                               "balanced-0": right(100), "topk": right(314), "bm25": right(200)}}
+    assert placed(run) == {"plain": 1, "plain_count": 2, "balanced": 1, "balanced_count": 1, "retrieval": True}
+    assert retrieval_tie(run)  # 314 = 314 with topk: counted as at, and said to be a tie
+    run["prompts_on_test"]["topk"] = right(313)
+    assert placed(run)["retrieval"] and not retrieval_tie(run)
+
+
+def test_the_budget_ratio_is_the_search_wall_time_over_its_budget():
+    assert budget_ratio({"search": {"wall_seconds": 121.0, "budget_seconds": 120.0}}) == pytest.approx(121 / 120)
+    assert budget_ratio({"search": {}}) is None
+
+
+def test_headroom_is_the_share_of_the_median_to_oracle_gap_in_correct_answers():
+    right = lambda n: {"correct": [1] * n + [0] * (100 - n)}  # noqa: E731
+    run = {"prompts_on_test": {"handed-over": right(70), "plain-0": right(50), "plain-1": right(60),
+                               "plain-2": right(90), "balanced-0": right(99)}}
+    assert headroom(run) == {"oracle": 0.9, "median": 0.6, "captured": pytest.approx(1 / 3)}
+    run["prompts_on_test"] = {"handed-over": right(70), "plain-0": right(60), "plain-1": right(60)}
+    assert headroom(run)["captured"] is None  # no gap, no share
+    assert headroom({"plain": {}}) is None  # a record without answers
+
+
+def test_gains_over_the_median_prompt_average_the_rotten_tomatoes_and_cr_runs_only():
+    gain = lambda task, seed, g: {"task": task, "seed": seed, "plain": {"vs_median_prompt": {"mean": g}}}  # noqa: E731
+    runs = _records([gain("cr", 5, 0.2), gain("cr", 6, 0.1), gain("rotten_tomatoes", 5, 0.03),
+                     gain("coin_flip", 5, -0.5),
+                     {"task": "cr", "seed": 7, "plain": {}}])  # coin_flip and a run without the paired difference
+    assert gains(runs) == {"mean": pytest.approx(0.11), "n": 3,
+                           "tasks": {"cr": pytest.approx(0.15), "rotten_tomatoes": 0.03},
+                           "low": 0.03, "low_run": "rotten_tomatoes seed 5", "high": 0.2}
+    assert gains(runs[3:]) is None
+
+
+def test_a_run_is_shown_worse_only_when_its_paired_interval_lies_below_zero():
+    run = lambda seed, lo, hi: {"task": "coin_flip", "seed": seed,  # noqa: E731
+                                "plain": {"vs_median_prompt": {"mean": (lo + hi) / 2, "ci95": [lo, hi]}}}
+    runs = [run(5, -0.19, -0.01), run(6, -0.05, 0.0), run(7, 0.01, 0.2), {"task": "cr", "seed": 5, "plain": {}}]
+    assert shown_worse_runs(_records(runs)) == [("coin_flip", 5, pytest.approx(-0.1))]  # an upper end of 0 is not
 
 
 def test_prompt_correctness_gives_the_spearmans_and_the_spread_of_test_accuracies():

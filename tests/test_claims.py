@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 from helpers import research_script
 
-claims = research_script("claims", folder="tools")
+claims = research_script("claims", folder="tools")  # puts tools/ on sys.path, for claim_tables
+from claim_tables.base import p_text  # noqa: E402
+from claim_tables.trust_targets import rate, verdict  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -69,37 +72,15 @@ def test_missing_markers_are_named(copy):
         claims.check(copy)
 
 
-def test_trust_records_count_runs_at_or_above_the_median():
-    runs = [{"task": "cr", "plain": {"at_or_above": 8, "count": 16, "shown_better": False}},
-            {"task": "rotten_tomatoes", "plain": {"at_or_above": 12, "count": 16, "shown_better": True},
-             "at_or_above_retrieval": True},
-            {"task": "coin_flip", "plain": {"at_or_above": 7, "count": 16, "shown_better": True}}]
-    assert claims.trust_counts(runs) == {"runs": 3, "at_or_above_median": 2, "at_or_above_three_quarters": 1,
-                                         "at_or_above_three_quarters_balanced": 0, "at_or_above_retrieval": 1,
-                                         "shown_better": 2, "shown_better_rt_cr": 1,
-                                         "runs_balanced": 0, "shown_better_balanced_rt_cr": 0, "runs_rt_cr": 2}
-
-
-def test_trust_places_count_correct_answers_so_a_tie_is_at():
-    """A record's float32 accuracies can put a tie below; the stored answers cannot."""
-    right = lambda n: {"correct": [1] * n + [0] * (400 - n)}  # noqa: E731
-    run = {"plain": {"at_or_above": 0, "count": 2}, "at_or_above_retrieval": False,
-           "prompts_on_test": {"handed-over": right(314), "plain-0": right(314), "plain-1": right(315),
-                               "balanced-0": right(100), "topk": right(314), "bm25": right(200)}}
-    assert claims.placed(run) == {"plain": 1, "plain_count": 2, "balanced": 1, "balanced_count": 1,
-                                  "retrieval": True}
-    assert claims.retrieval_tie(run)  # 314 = 314 with topk: counted as at, and said to be a tie
-    run["prompts_on_test"]["topk"] = right(313)
-    assert claims.placed(run)["retrieval"] and not claims.retrieval_tie(run)
-
-
 def test_a_trust_target_is_decided_only_when_the_runs_to_come_cannot_change_it():
-    assert claims.verdict(12, 12, left=3) == "met"
-    assert claims.verdict(10, 12, left=1) == "**not met**"
-    assert claims.verdict(10, 12, left=2) == "needs 2 of the 2 runs to come"
-    assert claims.verdict(11, 12, left=0) == "**not met**"
-    assert claims.budget_ratio({"search": {"wall_seconds": 121.0, "budget_seconds": 120.0}}) == pytest.approx(121 / 120)
-    assert claims.budget_ratio({"search": {}}) is None
+    assert verdict(12, 12, left=3) == "met"
+    assert verdict(10, 12, left=1) == "**not met**"
+    assert verdict(10, 12, left=2) == "needs 2 of the 2 runs to come"
+    assert verdict(11, 12, left=0) == "**not met**"
+
+
+def test_a_rate_over_draws_prints_as_exact_as_the_draws_make_it():
+    assert rate(0.735) == "73.5" and rate(0.16) == "16"
 
 
 def test_the_trust_targets_are_counted_over_the_stored_runs_and_decided_at_fifteen(copy):
@@ -133,61 +114,10 @@ def test_the_trust_targets_are_counted_over_the_stored_runs_and_decided_at_fifte
     assert "Of the 15 runs: at or above 12 of the 16 plain random prompts in" in text
 
 
-def test_headroom_is_the_share_of_the_median_to_oracle_gap_in_correct_answers():
-    right = lambda n: {"correct": [1] * n + [0] * (100 - n)}  # noqa: E731
-    run = {"prompts_on_test": {"handed-over": right(70), "plain-0": right(50), "plain-1": right(60),
-                               "plain-2": right(90), "balanced-0": right(99)}}
-    assert claims.headroom(run) == {"oracle": 0.9, "median": 0.6, "captured": pytest.approx(1 / 3)}
-    run["prompts_on_test"] = {"handed-over": right(70), "plain-0": right(60), "plain-1": right(60)}
-    assert claims.headroom(run)["captured"] is None  # no gap, no share
-    assert claims.headroom({"plain": {}}) is None  # a record without answers
-
-
-def test_gains_over_the_median_prompt_average_the_rotten_tomatoes_and_cr_runs_only():
-    gain = lambda task, seed, g: {"task": task, "seed": seed, "plain": {"vs_median_prompt": {"mean": g}}}  # noqa: E731
-    runs = [gain("cr", 5, 0.2), gain("cr", 6, 0.1), gain("rotten_tomatoes", 5, 0.03), gain("coin_flip", 5, -0.5),
-            {"task": "cr", "seed": 7, "plain": {}}]  # coin_flip and a run without the paired difference left out
-    g = claims.gains_over_median_prompt(runs)
-    assert g == {"mean": pytest.approx(0.11), "n": 3, "tasks": {"cr": pytest.approx(0.15), "rotten_tomatoes": 0.03},
-                 "low": 0.03, "low_run": "rotten_tomatoes seed 5", "high": 0.2}
-    assert claims.gains_over_median_prompt(runs[3:]) is None
-
-
-def test_a_run_is_shown_worse_only_when_its_paired_interval_lies_below_zero():
-    run = lambda seed, lo, hi: {"task": "coin_flip", "seed": seed,  # noqa: E731
-                                "plain": {"vs_median_prompt": {"mean": (lo + hi) / 2, "ci95": [lo, hi]}}}
-    runs = [run(5, -0.19, -0.01), run(6, -0.05, 0.0), run(7, 0.01, 0.2), {"task": "cr", "seed": 5, "plain": {}}]
-    assert claims.shown_worse(runs) == [("coin_flip", 5, pytest.approx(-0.1))]  # an upper end of 0 is not below
-
-
 def test_p_values_print_two_decimals_or_one_significant_digit():
-    assert claims.p_text(0.0641) == "0.06"
-    assert claims.p_text(1.86e-4) == "2e-4"
-    assert claims.p_text(7.4e-6) == "7e-6"
-
-
-def test_orders_averaged_reads_one_report_of_a_joined_record_seed_by_seed():
-    row = lambda report, seed, order, acc: {"report": report, "method": "topk", "seed": seed,  # noqa: E731
-                                            "order": order, "test_accuracy": acc}
-    order = {"rows": [row("sq", 1, "random", 0.6), row("sq", 1, "random", 0.8), row("sq", 0, "random", 0.5),
-                      row("sq", 0, "score", 0.9), row("sq-pl", 0, "random", 0.1)]}
-    assert claims.orders_averaged(order, "sq") == {"topk": [0.5, pytest.approx(0.7)]}
-    assert claims.one_order(order, "score") == {"topk": [0.9]}
-
-
-def test_order_search_gain_is_the_chosen_order_minus_the_mean_random_order():
-    search = {"results": [{"method": "random", "seed": 1, "chosen": 0, "candidates": [
-        {"order": "score", "test_accuracy": 0.55}, {"order": "random", "test_accuracy": 0.7},
-        {"order": "random", "test_accuracy": 0.5}]}]}
-    assert claims.search_gains(search) == [("random", 1, pytest.approx(-0.05))]
-
-
-def test_exact_share_brackets_the_windows_that_meet_both_targets():
-    windows = {"16": (0.9, 0.05), "32": (0.7, 0.01), "64": (0.85, 0.015), "128": (0.95, 0.005)}
-    recency = {"prompt_tokens_mean": 100.0,
-               "rows": [{"cache": f"window: 4 sinks + last {w} tokens", "tokens": int(w) + 4} for w in windows],
-               "windows": {w: {"subset_loss_spearman": s, "kl": kl} for w, (s, kl) in windows.items()}}
-    assert claims.exact_share(recency) == (pytest.approx(0.36), pytest.approx(0.68))
+    assert p_text(0.0641) == "0.06"
+    assert p_text(1.86e-4) == "2e-4"
+    assert p_text(7.4e-6) == "7e-6"
 
 
 def test_a_changed_trust_record_fails_the_trust_targets_table(copy):
@@ -223,12 +153,6 @@ def test_a_changed_fidelity_record_fails_the_ssm_reads_table(copy):
     problems = claims.check(copy)
     assert len(problems) == 1 and "'ssm-reads'" in problems[0]
     assert "3.37 where the records give 9.99" in problems[0]
-
-
-def test_from_k_is_the_smallest_k_after_which_a_statement_always_holds():
-    assert claims.from_k([5, 10, 20, 40], lambda k: k != 10) == 20
-    assert claims.from_k([5, 10, 20], lambda k: k < 20) is None
-    assert claims.rate(0.735) == "73.5" and claims.rate(0.16) == "16"
 
 
 def test_the_pooled_equal_time_record_must_hold_the_runs_of_the_records_it_names(copy):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/claim_tables/, whether run or loaded by path
 from claim_tables.answering import answer_throughput
-from claim_tables.base import RESULTS, p_text, pending
+from claim_tables.base import RESULTS, pending
 from claim_tables.calibration import (
     ALGORITHM2,
     CALIBRATE,
@@ -42,7 +42,7 @@ from claim_tables.calibration import (
 )
 from claim_tables.demo import demo, demo_same_selection, demo_time
 from claim_tables.fair_trial import LONG_CONTEXT, RANKERS, fair_trial_long_context, fair_trial_rankers
-from claim_tables.fidelity import compressed_caches, distillation_fidelity, exact_share
+from claim_tables.fidelity import compressed_caches, distillation_fidelity
 from claim_tables.headline import headline_results
 from claim_tables.paper import paper_artefacts
 from claim_tables.robustness import robustness
@@ -57,29 +57,14 @@ from claim_tables.scale import (
     scale_projected,
 )
 from claim_tables.scan import legendre, scan
-from claim_tables.selection import one_order, orders_averaged, search_gains, select_cost, selection_quality
+from claim_tables.selection import select_cost, selection_quality
 from claim_tables.ssm_reads import ssm_reads
-from claim_tables.synthetic import from_k, synthetic
-from claim_tables.trust import (
-    budget_ratio,
-    gains_over_median_prompt,
-    headroom,
-    placed,
-    retrieval_tie,
-    shown_worse,
-    trust_balanced,
-    trust_counts,
-    trust_runs,
-)
+from claim_tables.synthetic import synthetic
+from claim_tables.trust import trust_balanced, trust_runs
 from claim_tables.trust_calibrated import trust_calibrated
-from claim_tables.trust_targets import rate, trust_targets, verdict
+from claim_tables.trust_targets import trust_targets
 
-__all__ = ["RESULTS", "PROVENANCE", "ClaimError", "Records", "validate_record", "TABLES", "render", "check", "main",
-           # the renderers' helpers that tests/test_claims.py checks, as they were before tools/claim_tables/
-           "placed", "headroom", "trust_counts", "verdict", "budget_ratio", "retrieval_tie", "rate",
-           "gains_over_median_prompt", "shown_worse",
-           "p_text", "orders_averaged", "one_order", "search_gains",
-           "exact_share", "from_k"]
+__all__ = ["RESULTS", "PROVENANCE", "ClaimError", "Records", "validate_record", "TABLES", "render", "check", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PROVENANCE = ("command", "commit", "machine", "date", "torch", "transformers")

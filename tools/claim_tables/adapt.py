@@ -6,7 +6,7 @@ statistics it takes from the stored record and names: each metric's value, its i
 interval resamples, the count it rests on. A family is named by the start of its records' names under
 ``docs/results/``; a record of any other family is refused, naming it. A family joins by a module in
 ``readers/`` with its reader and ``FAMILIES``; its tables then render through
-:func:`claim_tables.render.render`.
+:func:`claim_tables.render.render`. :func:`read` is how a table reads one record by name.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 from icl_ssm.records import SCHEMA, Record
 
 from . import readers
+from .base import Records
 
 
 def _gather() -> dict[str, Callable[[dict[str, Any], str], Record]]:
@@ -50,3 +51,9 @@ def as_record(name: str, raw: dict[str, Any] | list) -> Record:
         raise ValueError(f"record {name!r}: neither of the record schema ({SCHEMA}) nor of a family the adapter "
                          f"reads ({', '.join(FAMILIES)}); add its reader under tools/claim_tables/readers/")
     return FAMILIES[family](raw, name)
+
+
+def read(records: Records, name: str) -> Record:
+    """The record stored at ``docs/results/<name>`` as a :class:`Record`: read by ``records`` (which checks its
+    provenance and notes that the table read it), then by :func:`as_record`."""
+    return as_record(name, records(name))

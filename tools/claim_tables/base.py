@@ -2,10 +2,10 @@
 
 :class:`Records` is the face of ``tools/claims.py``'s reader (it reads a record under :data:`RESULTS` by
 name, checks its provenance and notes that the table read it), so that no renderer imports the entry point.
-Beside it: numbers as the tables print them (:func:`pct`, :func:`mean_sd`, :func:`ci`, :func:`p_text`), the
-markdown table (:func:`table`; the summary tables' columns :data:`BENCH` and their record column
-:func:`cite`), the paired t-test and Spearman-Brown, and the two stand-ins for a table whose records are not
-stored (:func:`no_record_yet`, :func:`pending`).
+Beside it: numbers as the tables print them (:func:`pct`, :func:`p_text`), the markdown table (:func:`table`;
+the summary tables' columns :data:`BENCH` and their record column :func:`cite`), the sample sd, the paired t-test
+and Spearman-Brown, and the two stand-ins for a table whose records are not stored (:func:`no_record_yet`,
+:func:`pending`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class Records(Protocol):
 
 
 def pct(x: float, digits: int = 1) -> str:
+    """A share in %, ``digits`` decimals: ``65.2``."""
     return f"{100 * x:.{digits}f}"
 
 
@@ -42,15 +43,8 @@ def sd(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def mean_sd(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
-    return f"{scale * statistics.fmean(values):.{digits}f} ± {scale * sd(values):.{digits}f}"
-
-
-def ci(pair: list[float], spec: str = ".2f") -> str:
-    return f"[{format(pair[0], spec)}, {format(pair[1], spec)}]"
-
-
 def table(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table of ``rows`` (cells as printed) under ``header``."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)

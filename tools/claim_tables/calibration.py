@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from claim_tables.adapt import as_record
+from claim_tables.adapt import as_record, read
 from claim_tables.base import Records, pct
 from claim_tables.render import FORMATS, Column, intervals_note, metric_text, render
 from icl_ssm.records import Record
@@ -45,7 +45,7 @@ LEAN_COLUMNS = [
 
 def label_lean(records: Records) -> str:
     """Per stored subset-loss record (not one repeating another's dense losses): the lean's R^2 and the rankers."""
-    rows = [r for r in parts(as_record(LEAN, records(LEAN))) if not setting(r, "dense_same_as_or_nested_in")]
+    rows = [r for r in parts(read(records, LEAN)) if not setting(r, "dense_same_as_or_nested_in")]
     return (render(rows, LEAN_COLUMNS) + "\n\nSpearman against the label-balanced dense loss, 95% bootstrap "
             f"intervals over subsets. {records.link(LEAN, 2)}")
 
@@ -57,9 +57,9 @@ def _headroom_rows(records: Records) -> tuple[list[Record], list[str]]:
     for name, raw in records.glob("calibration/headroom-*.json"):
         used.append(f"calibration/{name}")
         for task, t in raw["tasks"].items():
-            read = as_record(f"calibration/{name}", {**raw, "tasks": {task: t}})
-            methods = list(dict.fromkeys(k.split(".")[0] for k in read.metrics if k.endswith(".median")))
-            rows += [read.part(m) for m in methods]
+            record = as_record(f"calibration/{name}", {**raw, "tasks": {task: t}})
+            methods = list(dict.fromkeys(k.split(".")[0] for k in record.metrics if k.endswith(".median")))
+            rows += [record.part(m) for m in methods]
     return rows, used
 
 
@@ -98,16 +98,16 @@ CALIBRATE_COLUMNS = [
 
 
 def calibrate_equal_time(records: Records, depth: int = 2) -> str:
-    read = as_record(CALIBRATE, records(CALIBRATE))
-    rows = parts(read)
+    record = read(records, CALIBRATE)
+    rows = parts(record)
     # the 'minus the best' cell says "best" for the best arm, so the renderer's intervals line names it here
     note = intervals_note(rows, [Column(CALIBRATE_COLUMNS[-1].header, "vs_best", fmt="points")])
-    d = read.config["decision"]
+    d = record.config["decision"]
     text = render(rows, CALIBRATE_COLUMNS) + f"\n\n{note}\n\nRule: {d['why']}; `run`'s default: **{d['default']}**."
     c = d.get("cost_target")
     if c:
-        text += (f" Cost target against {c['against']}: accuracy {100 * read['cost.accuracy_gap'].value:+.1f} "
-                 f"points in {read['cost.wall_ratio'].value:.2f}x its wall time: "
+        text += (f" Cost target against {c['against']}: accuracy {100 * record['cost.accuracy_gap'].value:+.1f} "
+                 f"points in {record['cost.wall_ratio'].value:.2f}x its wall time: "
                  f"**{'met' if c['met'] else 'not met'}**.")
     return text + " " + records.link(CALIBRATE, depth)
 
@@ -127,14 +127,14 @@ FIDELITY_COLUMNS = [
 def calibrated_fidelity(records: Records) -> str:
     """Each cache path's subset ranking against the dense prompt, on the raw label-balanced loss and
     with the label lean removed (batch calibration per subset)."""
-    read = as_record(FIDELITY, records(FIDELITY))
-    rows = [read.part(c) for c in ("compressed", "control", "window")]
-    cfg = read.config
+    record = read(records, FIDELITY)
+    rows = [record.part(c) for c in ("compressed", "control", "window")]
+    cfg = record.config
     return (render(rows, FIDELITY_COLUMNS)
             + f"\n\n{cfg['subsets']} held-out subsets x {cfg['queries']} queries, k = {cfg['k']}; intervals "
             "resample subsets and queries. The dense ranking's own split-half: "
-            f"{_num(read['dense.split_half_balanced'].value)} raw, "
-            f"{_num(read['dense.split_half_calibrated'].value)} with the lean removed. "
+            f"{_num(record['dense.split_half_balanced'].value)} raw, "
+            f"{_num(record['dense.split_half_calibrated'].value)} with the lean removed. "
             + records.link(FIDELITY, 2))
 
 
@@ -153,9 +153,9 @@ def _subsets_needed(r: Record) -> str:
 def algorithm2_calibrated(records: Records) -> str:
     """Algorithm 2's reliability on the raw label-balanced subset losses and on the batch-calibrated ones, from the
     same forward passes, seed by seed."""
-    read = as_record(ALGORITHM2, records(ALGORITHM2))
-    rows = [r for r in parts(read) if setting(r, "target") in TARGETS]
-    k = read.config["k"]
+    record = read(records, ALGORITHM2)
+    rows = [r for r in parts(record) if setting(r, "target") in TARGETS]
+    k = record.config["k"]
     columns = [
         Column("seed", cell=lambda r: str(setting(r, "seed"))),
         Column("target", cell=lambda r: TARGETS[setting(r, "target")]),
@@ -168,7 +168,7 @@ def algorithm2_calibrated(records: Records) -> str:
     first = rows[0]
     return (render(rows, columns)
             + f"\n\n{setting(first, 'subsets')} subsets x {setting(first, 'queries')} validation queries a seed, "
-            f"k = {k}, pool {read.config['pool_size']}; both targets from the same dense forward passes. "
+            f"k = {k}, pool {record.config['pool_size']}; both targets from the same dense forward passes. "
             "Split-halves: subset losses over label-stratified halves of the queries, candidates' scores over "
             "alternate permutation blocks of the subsets (Spearman; reliability by Spearman-Brown). "
             + records.link(ALGORITHM2, 2))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from icl_ssm.records import Record
 
-from .adapt import as_record
+from .adapt import as_record, read
 from .base import Records
 from .readers.demo import newest_runs, same_selection
 from .render import Column, render
@@ -98,7 +98,7 @@ def _same(r: Record) -> str:
 def demo_same_selection(records: Records) -> str:
     """Each method's prompt in the two runs of :data:`SAME_SELECTION`: the same pool indices in the same order,
     or not."""
-    before, after = (as_record(n, records(n)) for n in SAME_SELECTION)
+    before, after = (read(records, n) for n in SAME_SELECTION)
     pair = same_selection(before, after)
     rows = [pair.part(m) for m in pair.config["methods"]]
     columns = [Column("method", cell=lambda r: "handed over" if r.config["part"] == "handed" else r.config["part"]),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from claim_tables.adapt import as_record
+from claim_tables.adapt import read
 from claim_tables.base import Records
 from claim_tables.render import Column, render
 from icl_ssm.records import Record
@@ -31,10 +31,10 @@ RANKER_COLUMNS = [
 def fair_trial_rankers(records: Records, depth: int = 2) -> str:
     """Per task, each cheap ranker's Spearman with the dense ranking once the lean is out (one renderer, one
     adapter: the rows are the record's tasks)."""
-    read = as_record(RANKERS, records(RANKERS))
-    rows = [read.part(task) for task in read.config["parts"]]
+    record = read(records, RANKERS)
+    rows = [record.part(task) for task in record.config["parts"]]
     notes = [f"{task}: {s['subsets']} subsets x {s['target_queries']} target queries (+ {s['probe_queries']} probe)"
-             for task, s in read.config["parts"].items()]
+             for task, s in record.config["parts"].items()]
     return (render(rows, RANKER_COLUMNS) + "\n\nSpearman against the dense prompt's label-balanced loss with the lean "
             "removed (batch calibration on the target queries); 95% bootstrap intervals resample subsets and, within "
             f"each label, the queries. {'; '.join(notes)}. {records.link(RANKERS, depth)}")
@@ -72,9 +72,9 @@ def fair_trial_long_context(records: Records) -> str:
     """The content task's headroom after calibration at k = 20, 100 and 200 (one renderer, one adapter)."""
     names = [LONG_CONTEXT[0]] + [f"fair-trial/{name}" for pattern in LONG_CONTEXT[1:]
                                  for name, _ in records.glob(pattern)]
-    read = sorted((as_record(name, records(name)) for name in names), key=lambda r: (r.config["task"], r.config["k"]))
-    first = read[0].config
-    return (render(read, LONG_COLUMNS) + f"\n\n{first['prompts']} random prompts per row (the same seed), "
+    rows = sorted((read(records, name) for name in names), key=lambda r: (r.config["task"], r.config["k"]))
+    first = rows[0].config
+    return (render(rows, LONG_COLUMNS) + f"\n\n{first['prompts']} random prompts per row (the same seed), "
             f"{first['validation']} validation inputs and {first['test_size']} test examples; accuracies as shares. "
             "The dense pass reads the validation and test inputs and the content-free and domain inputs after one "
             "prompt (2-core CPU, nothing else running); its seconds are the median over the prompts.")

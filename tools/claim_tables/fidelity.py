@@ -1,7 +1,6 @@
 """BENCHMARKS' 'Distillation and fidelity' and 'Compressed caches': summary rows (:mod:`.rows`) over the
 fidelity records (``readers/fidelity.py``). No record of the compressed-caches section is stored, so that table
-is the line saying so. :func:`exact_share` is the recency reader's; :func:`held_out` says what a source's
-fidelity numbers rest on.
+is the line saying so. :func:`held_out` says what a source's fidelity numbers rest on.
 """
 
 from __future__ import annotations
@@ -9,10 +8,10 @@ from __future__ import annotations
 from icl_ssm.records import Record
 
 from .base import BENCH, Records, cite, no_record_yet, pct
-from .readers.fidelity import exact_share
 from .rows import Row, est, render_rows, row, val
 
-__all__ = ["held_out", "compressed_caches", "distillation_fidelity", "exact_share"]
+__all__ = ["held_out", "compressed_caches", "distillation_fidelity"]
+
 
 def held_out(r: Record, alias: str) -> str:
     """What the fidelity numbers of source ``alias`` rest on: its held-out subsets and validation queries."""

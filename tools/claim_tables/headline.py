@@ -5,15 +5,15 @@ Reads, through the one adapter, the records the BENCHMARKS tables it sums up rea
 (:mod:`.readers.fidelity`), selection quality (``bench select-order``), the prompt search at equal time (joined by
 :func:`~.readers.trust_targets.equal_time`), the pre-registered trust runs and their evaluation
 (:func:`~.readers.trust_search.evaluation`), the equal-time calibration experiment and the synthetic regression.
-Each row is one record joined from those it reads (:func:`~.readers.fidelity.combined`, with the statistics it
-states over them: the mean and sd over training seeds), rendered by the one renderer (:func:`.fidelity.render_rows`).
+Each row is one record joined from those it reads (:func:`~.readers.common.combined`, with the statistics it
+states over them: the mean and sd over training seeds), rendered by the one renderer (:func:`.rows.render_rows`).
 """
 
 from __future__ import annotations
 
 from icl_ssm.records import Metric, Record
 
-from .adapt import as_record
+from .adapt import read
 from .base import RESULTS, Records, pct
 from .readers.common import combined
 from .render import FORMATS, metric_text
@@ -33,10 +33,6 @@ def _points(metric: Metric) -> str:
     return metric_text(metric, FORMATS["points"])
 
 
-def _read(records: Records, name: str) -> Record:
-    return as_record(name, records(name))
-
-
 def _row(name: str, sources: dict[str, Record], cells: dict, stats: dict | None = None, **config) -> Row:
     """One row: ``sources`` joined (:func:`combined`, with ``stats`` over them and ``config``), ``name`` its
     measure, ``cells`` its other columns."""
@@ -53,7 +49,7 @@ def cost_and_ranking(records: Records, depth: int) -> list[Row]:
     """The cost of scoring a subset at k = 50 and the subset ranking at k = 20 and 50."""
     link = lambda name: records.link(name, depth)  # noqa: E731
     ratio = lambda r, path: f"{r[f'cost.k50.{path}.flops_ratio'].value:.1f}x"  # noqa: E731
-    cost = _row("cost of scoring a subset, k = 50", {"cost": _read(records, "select-cost-attention.json")}, {
+    cost = _row("cost of scoring a subset, k = 50", {"cost": read(records, "select-cost-attention.json")}, {
         "icl-ssm": lambda r: (f"{ratio(r, 'dense')} fewer FLOPs than a dense prefix shared by the queries "
                               f"({ratio(r, 'dense-packed')}, both packed)"),
         "beside it": lambda r: f"dense per query: {ratio(r, 'dense-per-query')} more",
@@ -63,7 +59,7 @@ def cost_and_ranking(records: Records, depth: int) -> list[Row]:
     k20 = {"g0": "ssm-input-rotten_tomatoes-k20.json", "g12": "seeds-rotten_tomatoes-k20.json"}
     stats = {f"{p}_{s}": (s, keys) for p, keys in SEEDS.items() for s in ("mean", "sd")}
     ranking20 = _row("subset ranking vs dense (Spearman), k = 20, 36 slots",
-                     {a: _read(records, n) for a, n in k20.items()}, {
+                     {a: read(records, n) for a, n in k20.items()}, {
         "icl-ssm": lambda r: (f"{val(r['G_mean'])} ± {val(r['G_sd'])} (3 training seeds; shipped: "
                               f"{est(r['g0.compressed.spearman'])})"),
         "beside it": lambda r: (f"prompt-independent control {val(r['control_mean'])} ± {val(r['control_sd'])}; "
@@ -75,7 +71,7 @@ def cost_and_ranking(records: Records, depth: int) -> list[Row]:
            "s1": "k50-recent128-seed1-rotten_tomatoes.json"}
     rho = lambda r, key: val(r[f"{key}.spearman"])  # noqa: E731
     ranking50 = _row("subset ranking vs dense (Spearman), k = 50, 148 slots",
-                     {a: _read(records, n) for a, n in k50.items()}, {
+                     {a: read(records, n) for a, n in k50.items()}, {
         "icl-ssm": lambda r: (f"shipped: {est(r['big.compressed.spearman'])} on {_size(r, 'big')}; "
                               f"{rho(r, 's0.compressed')} and {rho(r, 's1.compressed')} (2 training seeds) on "
                               f"{_size(r, 's0')}"),
@@ -90,9 +86,9 @@ def cost_and_ranking(records: Records, depth: int) -> list[Row]:
 def selection_rows(records: Records, depth: int) -> list[Row]:
     """Selection quality at k = 20 and 50: each method's test accuracy, orders averaged, mean ± sd over seeds."""
     def part(name: str) -> Record:
-        read = _read(records, name)
-        (report,) = read.config["sets"]
-        return read.part(report)
+        record = read(records, name)
+        (report,) = record.config["sets"]
+        return record.part(report)
 
     def listed(r: Record, methods: list[tuple[str, str]]) -> str:
         return "; ".join(f"{label} {pct(r[f'{m}.averaged'].value)} ± {pct(r[f'{m}.averaged_sd'].value)}"
@@ -193,7 +189,7 @@ def calibration_row(records: Records, depth: int) -> Row:
                 "examples; interval resamples (task, seed) runs and test examples; " + records.link(CALIBRATE, depth))
 
     return _row("calibrate, then select: test accuracy at each arm's own cost (pre-registered; %)",
-                {"c": _read(records, CALIBRATE)}, {"icl-ssm": chosen, "beside it": others, "rests on": rests_on})
+                {"c": read(records, CALIBRATE)}, {"icl-ssm": chosen, "beside it": others, "rests on": rests_on})
 
 
 def synthetic_row(records: Records, depth: int) -> Row:
@@ -204,7 +200,7 @@ def synthetic_row(records: Records, depth: int) -> Row:
     rho = lambda r, key: val(r[f"{key}.spearman"])  # noqa: E731
     q = lambda r, alias: r.config["sources"][alias]["queries"]  # noqa: E731
     return _row("synthetic regression, k = 20: SSM on products of neighbouring tokens (`--pair-size`)",
-                {a: _read(records, n) for a, n in names.items()}, {
+                {a: read(records, n) for a, n in names.items()}, {
         "icl-ssm": lambda r: (f"subset ranking {rho(r, 'q64.compressed')} at {q(r, 'q64')} queries "
                               f"({rho(r, 'q16.compressed')} at {q(r, 'q16')}); selection test MSE "
                               f"{mse(r, 'affinity-compressed')} (dense evaluator {mse(r, 'affinity-dense')})"),

@@ -1,20 +1,20 @@
 """BENCHMARKS' 'The paper's artefacts': each table and figure of the paper, the paper's number and ours.
 
 One row per artefact, each one record joined from the records of its own measurement, read through the one adapter
-(:func:`~.readers.fidelity.combined`, with the minima, maxima and differences the row states over them): the
+(:func:`~.readers.common.combined`, with the minima, maxima and differences the row states over them): the
 output error (fidelity and ``bench long-context`` records, :mod:`.readers.paper_runs`), the FLOP saving (``bench
 select-cost``), the long-context methods at the same cache size, the main selection table with BRIDGE and GradCE
 and per-query retrieval, the synthetic case study in one row (:mod:`.readers.synthetic`), the flipped-label probe,
 length generalisation (``bench length``), the 4-task transfer matrix
 (:func:`~.readers.paper_runs.transfer_matrix`) and n_v (fidelity reports with ``--also`` paths). Rendered by the
-one renderer (:func:`.fidelity.render_rows`).
+one renderer (:func:`.rows.render_rows`).
 """
 
 from __future__ import annotations
 
 from icl_ssm.records import Record
 
-from .adapt import as_record
+from .adapt import read
 from .base import Records, cite, pct
 from .readers.common import combined
 from .readers.paper_runs import transfer_matrix
@@ -25,10 +25,6 @@ COMPARISONS = "[comparisons](docs/research/paper-comparisons.md"
 SYNTHETIC = ("[synthetic](docs/research/synthetic-regression.md), "
              "[products](docs/research/ssm-input.md#products-of-neighbouring-tokens)")
 LONG_CONTEXT = ("long-context-rotten_tomatoes-k50-k75.json", "long-context-coin_flip-k50-k75.json")
-
-
-def _read(records: Records, name: str) -> Record:
-    return as_record(name, records(name))
 
 
 def _row(artefact: str, command: str, paper: str, record: str, sources: dict[str, Record], ours,
@@ -57,7 +53,7 @@ def output_error(records: Records) -> Row:
     return _row("output error of the compressed cache (Algorithm 1)",
                 "`icl-ssm fidelity --task rotten_tomatoes --k 20 --compressor G --subsets 30 --queries 32`", "< 0.7%",
                 cite(records, "[fidelity targets](docs/research/fidelity-targets.md)", *names.values()),
-                {a: _read(records, n) for a, n in names.items()}, ours,
+                {a: read(records, n) for a, n in names.items()}, ours,
                 {"kl_min": ("min", ["g.compressed.kl", "lc.compressed.kl_min"]),
                  "kl_max": ("max", ["g.compressed.kl", "lc.compressed.kl_max"])})
 
@@ -76,7 +72,7 @@ def flops(records: Records) -> Row:
                 "`icl-ssm bench select-cost --compressor DIR --k 20 50 200 --queries 16 --subsets 1 "
                 "--per-query-max-k 50`", "14.2x fewer",
                 cite(records, "[cost](docs/research/selection-cost.md)", *names.values()),
-                {a: _read(records, n) for a, n in names.items()}, ours)
+                {a: read(records, n) for a, n in names.items()}, ours)
 
 
 def _long_context_text(r: Record) -> str:
@@ -103,7 +99,7 @@ def _long_context_text(r: Record) -> str:
 
 def long_context(records: Records) -> Row:
     """The long-context methods at the same cache size, on Rotten Tomatoes and ``coin_flip``."""
-    sources = {"rt": _read(records, LONG_CONTEXT[0]), "cf": _read(records, LONG_CONTEXT[1])}
+    sources = {"rt": read(records, LONG_CONTEXT[0]), "cf": read(records, LONG_CONTEXT[1])}
     others = [f"{t}.k{k}.{p}.flops_vs_dense" for t in sources for k in sources["rt"].config["ks"]
               for p in ("streaming", "lm-infinite")]
     overlaps = [f"{t}.spearman_intervals_overlap" for t in sources]
@@ -158,7 +154,7 @@ def per_query(records: Records, order: Record) -> Row:
     return _row("per-query retrieval (BM25, top-k for each test input)",
                 "`icl-ssm select --method bm25 --per-query ...`", "the paper's and OpenICL's protocol",
                 cite(records, COMPARISONS + "#per-query-retrieval-bm25-and-top-k-for-each-test-input)", name,
-                     order.name), {"q": _read(records, name), "o": order}, ours)
+                     order.name), {"q": read(records, name), "o": order}, ours)
 
 
 SELECT = {"k20": "synthetic-products-select-k20.json", "k60": "synthetic-products-select-k5-60.json",
@@ -195,7 +191,7 @@ def synthetic(records: Records) -> Row:
                 "compressed as good as dense; 15.7x fewer FLOPs",
                 cite(records, SYNTHETIC, SELECT["k20"], SELECT["k60"], FIDELITY["q64"], FIDELITY["q16"],
                      SELECT["relu"], FIDELITY["rfid"]),
-                {a: _read(records, n) for a, n in names.items()}, _synthetic_text)
+                {a: read(records, n) for a, n in names.items()}, _synthetic_text)
 
 
 def probe_and_length(records: Records) -> list[Row]:
@@ -203,7 +199,7 @@ def probe_and_length(records: Records) -> list[Row]:
     probes = {"syn": "synthetic-products-probe.json", "g": "flipped-rotten_tomatoes-k20-G-state.json"}
     probe = _row("flipped-label probe (the state's input-label blindness)",
                  "`icl-ssm synthetic probe`; `python research/flipped_labels.py --compressor G`", "—",
-                 cite(records, SYNTHETIC, *probes.values()), {a: _read(records, n) for a, n in probes.items()},
+                 cite(records, SYNTHETIC, *probes.values()), {a: read(records, n) for a, n in probes.items()},
                  lambda r: (f"synthetic: dense {val(r['syn.dense.rise'], '+.2f')}, compressed "
                             f"{val(r['syn.compressed.rise'], '+.2f')} with products (`--pair-size`); Rotten Tomatoes: "
                             f"dense {est(r['g.dense.loss_change'], '+.3f')}, compressed "
@@ -222,7 +218,7 @@ def probe_and_length(records: Records) -> list[Row]:
     length = _row("length generalisation (to 1,000 demonstrations)",
                   "`icl-ssm bench length --k 50 100 150 250 400 1000 --out O`", "error stays low far past training",
                   cite(records, COMPARISONS + "#length-generalisation-one-compressor-from-k--50-to-k--1000)", name)
-                  + ", [plot](docs/figures/length-rotten_tomatoes.png)", {"len": _read(records, name)}, ours)
+                  + ", [plot](docs/figures/length-rotten_tomatoes.png)", {"len": read(records, name)}, ours)
     return [probe, length]
 
 
@@ -246,7 +242,7 @@ def transfer(records: Records) -> Row:
                 "`research/transfer_nv_inputs.sh OUT transfer` (`distill --init-from DIR`), "
                 "`python research/transfer_table.py OUT`", "65% fewer GPU hours",
                 cite(records, COMPARISONS + "#the-transfer-matrix-at-half-the-recipes-episodes-2-core-cpu)", *TRANSFER),
-                {"m": transfer_matrix([_read(records, n) for n in TRANSFER])}, ours)
+                {"m": transfer_matrix([read(records, n) for n in TRANSFER])}, ours)
 
 
 NV = {"rt": "nv-rotten_tomatoes-k50.json", "cf": "nv-coin_flip-k50.json", "abl": "ablation-modular_addition-k20.json"}
@@ -271,7 +267,7 @@ def _n_v_text(r: Record) -> str:
 
 def n_v(records: Records) -> Row:
     """n_v and the output error: k = 50 on Rotten Tomatoes and ``coin_flip``, k = 20 on ``modular_addition``."""
-    sources = {a: _read(records, n) for a, n in NV.items()}
+    sources = {a: read(records, n) for a, n in NV.items()}
     small = ["compressed", *(p for p in sources["abl"].config["paths"] if p.startswith("nv"))]
     stats = {f"{t}_kl_{s}": (s, [f"{t}.{p}.kl" for p in NV_PATHS]) for t in ("rt", "cf") for s in ("min", "max")}
     stats |= {f"abl_{key}_{s}": (s, [f"abl.{p}.{key}" for p in small]) for key in ("spearman", "kl")
@@ -287,7 +283,7 @@ def n_v(records: Records) -> Row:
 
 def paper_artefacts(records: Records) -> str:
     """BENCHMARKS' 'The paper's artefacts': each table and figure, the paper's number and ours."""
-    order = _read(records, "select-order-k20-bridge-gradce.json")
+    order = read(records, "select-order-k20-bridge-gradce.json")
     (report,) = order.config["sets"]
     order = order.part(report)
     # the recipe's row measures nothing: its settings are prose, made by the page it links

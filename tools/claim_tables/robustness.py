@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from icl_ssm.records import Record
 
-from .adapt import as_record
+from .adapt import read
 from .base import Records
 from .render import Column, render
 
@@ -60,7 +60,7 @@ def _measured(r: Record) -> str:
 
 def robustness(records: Records, depth: int = 1) -> str:
     """The two targets, measured; ``depth``: the page's folders below the root (its record links)."""
-    rows = [as_record(name, records(name)) for name in (FUZZ, KILLS)]
+    rows = [read(records, name) for name in (FUZZ, KILLS)]
     columns = [Column("target", cell=_target), Column("command", cell=_command), Column("machine", cell=_machine),
                Column("measured", cell=_measured), Column("record", cell=lambda r: records.link(r.name, depth))]
     return render(rows, columns)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from icl_ssm.records import Metric, Record
 
-from .adapt import as_record
+from .adapt import read
 from .base import Records
 from .readers.common import combined
 from .render import Column, metric_text, render
@@ -33,8 +33,7 @@ def row(records: Records, name: str, sources: dict[str, str], labels: dict[str, 
         stats: dict[str, tuple[str, list[str]]] | None = None) -> Row:
     """The row ``name``: the records ``sources`` (alias -> record name) read through the adapter and joined
     (their metrics as ``{alias}.X``, ``stats`` computed over them), its ``labels`` as settings."""
-    read = {alias: as_record(n, records(n)) for alias, n in sources.items()}
-    return Row(combined(name, read, stats, labels), cells)
+    return Row(combined(name, {alias: read(records, n) for alias, n in sources.items()}, stats, labels), cells)
 
 
 def render_rows(rows: list[Row], headers: list[str]) -> str:

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from icl_ssm.records import Record
 
-from .adapt import as_record
+from .adapt import as_record, read
 from .base import BENCH, Records, cite
 from .readers.demo import newest_runs
 from .readers.scale import GiB, measured_rows, where
@@ -27,10 +27,6 @@ SCALE_SMOLLM2 = "scale-smollm2-135m-cpu.json"
 SCALE_PROJECTED = "scale-projected.json"
 SCALE_PROFILE = "scale-profile-qwen2.5-0.5b-k50.json"
 PAGES = "[cost at scale](docs/cost-at-scale.md)"
-
-
-def _read(records: Records, name: str) -> Record:
-    return as_record(name, records(name))
 
 
 def _row(record: Record, row: str) -> Record:
@@ -120,7 +116,7 @@ CPU_ROWS: dict[str, Callable[[Record], list[str]]] = {
 
 def scale_cpu(records: Records) -> str:
     """BENCHMARKS' 'Selection cost at scale': the Qwen2.5-0.5B shape on the CPU, the GPU rows."""
-    r = _read(records, SCALE_CPU)
+    r = read(records, SCALE_CPU)
     link = cite(records, PAGES, SCALE_CPU)
     (s,) = r.config["shapes"]
     rows = ([_row(r.part(f"{s}/k{k}/saving"), "k") for k in r.config["k"][s]]
@@ -154,8 +150,8 @@ MEASURED = [
 
 def scale_measured(records: Records) -> str:
     """docs/cost-at-scale.md: every measured row of the CPU records, per evaluated subset."""
-    read = [_read(records, name) for name in (SCALE_SMOLLM2, SCALE_CPU)]
-    return render([r.part(row) for r in read for row in measured_rows(r)], MEASURED)
+    measured = [read(records, name) for name in (SCALE_SMOLLM2, SCALE_CPU)]
+    return render([r.part(row) for r in measured for row in measured_rows(r)], MEASURED)
 
 
 def _saving_or_dash(pair: str) -> Callable[[Record], str]:
@@ -177,7 +173,7 @@ PROJECTED = [
 
 def scale_projected(records: Records) -> str:
     """docs/cost-at-scale.md: FLOPs per evaluated subset projected from every shape."""
-    r = _read(records, SCALE_PROJECTED)
+    r = read(records, SCALE_PROJECTED)
     return render([r.part(f"{s}/k{k}/projected") for s in r.config["shapes"] for k in r.config["k"][s]], PROJECTED)
 
 
@@ -208,15 +204,15 @@ def run_costs(records: Records) -> str:
     (:func:`claim_tables.readers.scale.run_costs`), over the cold demos of the newest commit."""
     runs = [as_record(name, raw) for name, raw in records.glob("demo-cold-*.json")]
     newest = newest_runs(runs).config["names"]
-    cpu = [_read(records, name) for name in (SCALE_SMOLLM2, SCALE_CPU)]
-    r = project_run_costs(_read(records, SCALE_PROJECTED), cpu, [d for d in runs if d.name in newest])
+    cpu = [read(records, name) for name in (SCALE_SMOLLM2, SCALE_CPU)]
+    r = project_run_costs(read(records, SCALE_PROJECTED), cpu, [d for d in runs if d.name in newest])
     return render([r.part(s) for s in r.config["shapes"]], RUN_COLUMNS)
 
 
 def scale_profile(records: Records) -> str:
     """docs/cost-at-scale.md: where one packed subset evaluation's seconds go (torch.profiler), per
     path: matrix products, attention and the rest, with the FLOPs each path is counted."""
-    r = _read(records, SCALE_PROFILE)
+    r = read(records, SCALE_PROFILE)
     c = r.config
 
     def path_or_saving(metric: str, show: str, saving: str | None = None) -> Callable[[Record], str]:

@@ -3,7 +3,7 @@ agreement with the reference over every shape (``icl-ssm bench scan --json``, :d
 scale-invariant LegS kernel's slab builder against the reference (``icl-ssm bench legs-kernel``,
 :data:`LEGS_KERNEL`); and the Legendre spectrum of the dense cache (:data:`LEGENDRE`). The records are read
 through the adapter (``readers/scan.py``), each row rendered by the one renderer
-(:func:`~claim_tables.fidelity.render_rows`)."""
+(:func:`~claim_tables.rows.render_rows`)."""
 
 from __future__ import annotations
 

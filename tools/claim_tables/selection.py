@@ -12,21 +12,13 @@ from typing import Any
 
 from icl_ssm.records import Record
 
-from .adapt import as_record
+from .adapt import as_record, read
 from .base import Records, cite, p_text, pct
-from .readers.selection import (
-    joined,
-    one_order,
-    orders_averaged,
-    paired_sets,
-    pooled_estimators,
-    reliability_growth,
-    search_gains,
-)
+from .readers.common import combined
+from .readers.selection import paired_sets, pooled_estimators, reliability_growth
 from .render import Column, render
 
-__all__ = ["METHODS", "BASELINES", "orders_averaged", "one_order", "search_gains",
-           "bench_row", "bench_columns", "selection_quality", "select_cost"]
+__all__ = ["METHODS", "BASELINES", "bench_row", "bench_columns", "selection_quality", "select_cost"]
 
 METHODS = {"affinity": "affinity", "affinity:dense": "dense evaluator", "affinity:rank10": "G-rank10",
            "affinity:si64rank10": "SI64-rank10", "random": "random", "bm25": "bm25", "topk": "topk",
@@ -38,14 +30,10 @@ K20_PAGE = ORDER_PAGE + "#k--20-at-the-demos-scale-the-order-averaged-out-and-se
 LABEL_PAGE = "[label balance](docs/research/label-balance.md)"
 
 
-def read(records: Records, name: str) -> Record:
-    return as_record(name, records(name))
-
-
-def bench_row(read: Record, row: str, /, **text: Any) -> Record:
-    """``read`` as one row of a summary table: ``text`` (``measure``, ``command``, ``machine``, ``goal``, ``record``
-    and what its cell reads) joins its config; ``row`` names its measured cell (:func:`bench_columns`)."""
-    return replace(read, config={**read.config, **text, "row": row})
+def bench_row(record: Record, row: str, /, **text: Any) -> Record:
+    """``record`` as one row of a summary table: ``text`` (``measure``, ``command``, ``machine``, ``goal``,
+    ``record`` and what its cell reads) joins its config; ``row`` names its measured cell (:func:`bench_columns`)."""
+    return replace(record, config={**record.config, **text, "row": row})
 
 
 def bench_columns(cells: dict[str, Callable[[Record], str]]) -> list[Column]:
@@ -93,9 +81,10 @@ def paired_gain(r: Record, label: str) -> str:
 
 
 def per_label_vs_plain(r: Record) -> str:
-    by_seed = ", ".join(f"{100 * r[f'rt.seed{s}.minus'].value:+.1f}" for s in r.config["rt"]["seeds"])
+    rt, cr = r.config["sources"]["rt"], r.config["sources"]["cr"]
+    by_seed = ", ".join(f"{100 * r[f'rt.seed{s}.minus'].value:+.1f}" for s in rt["seeds"])
     return (f"Rotten Tomatoes {paired_gain(r, 'rt')}; by seed {by_seed}; `cr` {paired_gain(r, 'cr')}; each set's mean "
-            f"over {r.config['rt']['permutations']} random orders (`cr`: {r.config['cr']['permutations']}), "
+            f"over {rt['permutations']} random orders (`cr`: {cr['permutations']}), "
             "150 test examples")
 
 
@@ -107,7 +96,7 @@ def k50(r: Record) -> str:
 
 
 def gains(r: Record, label: str, k: int) -> str:
-    lost = ", ".join(f"{METHODS[m]} seed {s} {100 * g:+.1f}" for m, s in r.config[label]["sets"]
+    lost = ", ".join(f"{METHODS[m]} seed {s} {100 * g:+.1f}" for m, s in r.config["sources"][label]["sets"]
                      if (g := r[f"{label}.{m}.seed{s}.gain"].value) < 0)
     return (f"{100 * r[f'{label}.gain'].value:+.1f} at k = {k} ({r[f'{label}.sets_better'].value} of "
             f"{r[f'{label}.gain'].n} sets better, paired t-test p = {p_text(r[f'{label}.gain_p'].value)}; "
@@ -115,8 +104,9 @@ def gains(r: Record, label: str, k: int) -> str:
 
 
 def search_gain(r: Record) -> str:
+    k20 = r.config["sources"]["k20"]
     return (f"on average {gains(r, 'k20', 20)}; {gains(r, 'k50', 50)}; the chosen order of "
-            f"{r.config['k20']['candidates']} on {r.config['k20']['queries']} validation queries against the mean "
+            f"{k20['candidates']} on {k20['queries']} validation queries against the mean "
             "of the random ones")
 
 
@@ -139,7 +129,7 @@ def evaluators(r: Record) -> str:
 def headroom(r: Record) -> str:
     name = lambda t: "Rotten Tomatoes" if t == "rotten_tomatoes" else f"`{t}`"  # noqa: E731
     best = ", ".join(f"{name(t)} {100 * r[f'{label}.{t}.best_minus_mean'].value:+.1f}"
-                     for label in ("head", "edge", "mmlu") for t in r.config[label]["tasks"])
+                     for label in ("head", "edge", "mmlu") for t in r.config["sources"][label]["tasks"])
     v = {k: r[k].value for k in ("head.rotten_tomatoes.sets", "head.rotten_tomatoes.test_size",
                                  "edge.edge_existence.sets", "edge.edge_existence.test_size", "mmlu.mmlu.sets",
                                  "mmlu.mmlu.queries")}
@@ -149,7 +139,7 @@ def headroom(r: Record) -> str:
 
 
 def reliability(r: Record) -> str:
-    few, more = r.config["fewer"], r.config["more"]
+    few, more = r.config["sources"]["fewer"], r.config["sources"]["more"]
     (seed96,) = more["split_half_seeds"]
     return (f"{r['fewer.dense_split_half_low'].value:.2f}-{r['fewer.dense_split_half_high'].value:.2f} at "
             f"{few['queries']} queries ({len(few['split_half_seeds'])} seeds); "
@@ -184,9 +174,9 @@ def order_rows(records: Records) -> list[Record]:
     """The rows on the prompt order and label balance: the sets in random orders, searched, per label."""
     k20, balanced, cr = read(records, K20), read(records, K20_LABEL), read(records, CR)
     s20, s50 = read(records, S20), read(records, S50)
-    pairs = joined({"rt": paired_sets(k20.part("sq"), balanced.part("sq")),
-                    "cr": paired_sets(cr.part("sq"), cr.part("sq-pl"))})
-    rt = pairs.config["rt"]
+    pairs = combined("per-label vs plain", {"rt": paired_sets(k20.part("sq"), balanced.part("sq")),
+                                            "cr": paired_sets(cr.part("sq"), cr.part("sq-pl"))})
+    rt = pairs.config["sources"]["rt"]
     k50 = read(records, K50)
     (k50_report,) = k50.config["sets"]
     quality = ("`bench select-quality ... --per-label`, then `bench select-order --permutations 8`")
@@ -210,7 +200,7 @@ def order_rows(records: Records) -> list[Record]:
                   "`bench select-order --permutations 8`", machine=MACHINE, goal="—",
                   record=cite(records, ORDER_PAGE + "#the-order-averaged-out-eight-random-orders-per-selection-k--50)",
                               K50)),
-        bench_row(joined({"k20": s20, "k50": s50}), "search gain",
+        bench_row(combined("search gain", {"k20": s20, "k50": s50}), "search gain",
                   measure="`--order search` gain over the order averaged out",
                   command="`python research/order_search.py ...`", machine=MACHINE, goal="—",
                   record=cite(records, ORDER_PAGE + "#choosing-the-order-on-the-validation-queries---order-search-"
@@ -227,11 +217,11 @@ def order_rows(records: Records) -> list[Record]:
 
 def other_rows(records: Records) -> list[Record]:
     """The rows on what there is to select, how reliably it ranks and which estimator."""
-    room = joined({label: read(records, name) for label, name in HEADROOM.items()})
+    room = combined("headroom", {label: read(records, name) for label, name in HEADROOM.items()})
     return [
         bench_row(room, "headroom",
                   measure=f"what there is to select: best of {room['head.rotten_tomatoes.sets'].value} random "
-                  f"{room.config['head']['k']}-sets over the mean set",
+                  f"{room.config['sources']['head']['k']}-sets over the mean set",
                   command="`icl-ssm bench headroom --tasks rotten_tomatoes cr coin_flip modular_addition --k 20 "
                   "--sets 30 --test-size 200`", machine="CPU, 1 thread", goal="—",
                   record=cite(records, "[headroom](docs/research/headroom.md)", *HEADROOM.values())),
@@ -278,8 +268,9 @@ COST = {"per query": lambda r: f"{r['attention.k50.dense-per-query.flops_ratio']
 def select_cost(records: Records) -> str:
     """BENCHMARKS' 'Selection cost': FLOPs per scored subset, attention counted, the shipped k = 20
     compressor read at every k; in brackets the same ratios before attention was counted."""
-    both = joined({"attention": read(records, SELECT_COST[0]), "packed": read(records, SELECT_COST[1])})
-    attention = both.config["attention"]
+    both = combined("select cost", {"attention": read(records, SELECT_COST[0]),
+                                    "packed": read(records, SELECT_COST[1])})
+    attention = both.config["sources"]["attention"]
     links = cite(records, "[cost](docs/research/selection-cost.md)", *SELECT_COST)
     same = {"command": "same", "machine": MACHINE, "record": links}
     rows = [bench_row(both, "per query", measure="k = 50: compressed (the 36-slot k = 20 compressor) vs dense per "

@@ -4,7 +4,7 @@ Reads, through the adapter (``readers/fidelity.py``), the ``icl-ssm fidelity --a
 embeddings (shipped), layers 1, 2 and 8 and the products of neighbouring tokens beside one control, at k = 20
 and 50 on Rotten Tomatoes and ``coin_flip``; their joined reports (``research/join_reports.py``: paired
 differences over the same subsets); and the flipped-label probes of ``research/flipped_labels.py``. Each row
-is one record joined from those it reads (:func:`~claim_tables.fidelity.row`), rendered by the one renderer.
+is one record joined from those it reads (:func:`~claim_tables.rows.row`), rendered by the one renderer.
 """
 
 from __future__ import annotations

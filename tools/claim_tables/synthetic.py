@@ -3,9 +3,8 @@
 Reads, through the one adapter (:mod:`.readers.synthetic`), the ``icl-ssm synthetic select`` records of the
 linear teacher at k = 20 and k = 5-60 and of the ReLU teacher, the ReLU teacher's evaluation, the ``synthetic
 fidelity`` records of the products and embeddings caches and the flipped-target probe. Each row of the table
-is one record or several joined (:func:`joined`), rendered by the one renderer; the statistics (means and sds
-over seeds, the k from which a statement holds, ranges over k) are the readers'. :func:`from_k` is the reader's,
-named here for tests/test_claims.py (through tools/claims.py).
+is the records it reads joined (:func:`row`, by :func:`~.readers.common.combined`), rendered by the one renderer;
+the statistics (means and sds over seeds, the k from which a statement holds, ranges over k) are the readers'.
 """
 
 from __future__ import annotations
@@ -15,12 +14,12 @@ from dataclasses import replace
 
 from icl_ssm.records import Record
 
-from .adapt import as_record
+from .adapt import read
 from .base import Records, cite
-from .readers.synthetic import from_k
+from .readers.common import combined
 from .render import FORMATS, Column, metric_text, render
 
-__all__ = ["synthetic", "joined", "part", "from_k"]
+__all__ = ["synthetic", "row", "part"]
 
 K20, K60 = "synthetic-products-select-k20.json", "synthetic-products-select-k5-60.json"
 RELU = ("synthetic-teacher-relu-60-evaluation.json", "synthetic-relu-select-k5-60.json",
@@ -33,18 +32,16 @@ SYNTHETIC = "docs/research/synthetic-regression.md"
 HEADERS = ["measure", "command", "measured", "goal", "record"]
 
 
-def joined(kind: str, **parts: Record) -> Record:
-    """One row of the table: the records it reads, each as the part named by its keyword (its metrics
-    ``part.X``, read back with :func:`part`); ``config``: the row's ``kind`` and the records' names."""
-    metrics = {f"{p}.{key}": m for p, r in parts.items() for key, m in r.metrics.items()}
-    provenance = {f"{p}: {stage}": made for p, r in parts.items() for stage, made in r.provenance.items()}
-    config = {"row": kind, "records": [r.name for r in parts.values()], **{p: r.config for p, r in parts.items()}}
-    return Record(provenance, config, metrics, {}, ", ".join(r.name for r in parts.values()))
+def row(kind: str, **parts: Record) -> Record:
+    """One row of the table: the records it reads joined by :func:`~.readers.common.combined`, each as the part
+    named by its keyword (its metrics ``part.X``, read back with :func:`part`); settings: the row's ``kind``
+    (``row``, a key of :data:`CELLS`) and the records' names (``records``, its record column's links)."""
+    return combined(kind, parts, config={"row": kind, "records": [r.name for r in parts.values()]})
 
 
-def part(row: Record, name: str) -> Record:
-    """The record joined into ``row`` as ``name`` (:func:`joined`), its own config back."""
-    return replace(row.part(name), config=row.config[name])
+def part(joined: Record, name: str) -> Record:
+    """The record joined into ``joined`` as ``name`` (:func:`row`), with its own config."""
+    return replace(joined.part(name), config=joined.config["sources"][name])
 
 
 def _mse(r: Record, k: int, method: str) -> str:
@@ -202,12 +199,11 @@ def _columns(records: Records) -> list[Column]:
 def synthetic(records: Records) -> str:
     """BENCHMARKS' 'Synthetic in-context regression' (the one renderer, over the records read through the
     one adapter)."""
-    read = lambda name: as_record(name, records(name))  # noqa: E731
-    k20 = read(K20)
-    teacher, relu, relu_fidelity = (read(n) for n in RELU)
-    q64, q16, emb = (read(n) for n in FIDELITY)
-    rows = [joined("k20", select=k20), joined("d1", select=k20), joined("k60", select=read(K60)),
-            joined("relu", teacher=teacher, select=relu, fidelity=relu_fidelity),
-            joined("fidelity", q64=q64, q16=q16, embeddings=emb), joined("flops", q64=q64, q16=q16, embeddings=emb),
-            joined("probe", probe=read(PROBE))]
+    k20 = read(records, K20)
+    teacher, relu, relu_fidelity = (read(records, n) for n in RELU)
+    q64, q16, emb = (read(records, n) for n in FIDELITY)
+    rows = [row("k20", select=k20), row("d1", select=k20), row("k60", select=read(records, K60)),
+            row("relu", teacher=teacher, select=relu, fidelity=relu_fidelity),
+            row("fidelity", q64=q64, q16=q16, embeddings=emb), row("flops", q64=q64, q16=q16, embeddings=emb),
+            row("probe", probe=read(records, PROBE))]
     return render(rows, _columns(records))

@@ -11,25 +11,13 @@ from __future__ import annotations
 
 from icl_ssm.records import Record
 
-from .adapt import as_record
+from .adapt import as_record, read
 from .base import Records
-from .readers.trust_search import (
-    budget_ratio,
-    counts,
-    evaluation,
-    gains,
-    headroom,
-    placed,
-    retrieval_tie,
-    shown_worse_runs,
-    trust_search_run,
-)
+from .readers.trust_search import evaluation
 from .readers.trust_targets import equal_time as join_equal_time
 from .render import Column, render
 
-__all__ = ["placed", "headroom", "budget_ratio", "retrieval_tie", "trust_counts", "shown_worse",
-           "gains_over_median_prompt", "named", "worse_of", "equal_time_record", "read_trust_runs", "trust_runs",
-           "trust_balanced"]
+__all__ = ["named", "worse_of", "equal_time_record", "read_trust_runs", "trust_runs", "trust_balanced"]
 
 FOLDER = "trust-search"
 EQUAL_TIME = "search-equal-time.json"  # the pooled decision over the per-task records it names
@@ -42,29 +30,9 @@ BUDGET_FACTOR = 1.1  # the search's wall time may reach this many times its budg
 NO_RUN = "No run of the pre-registered evaluation is stored yet."
 
 
-# stored runs as raw dicts through the reader: what tests/test_claims.py checks (through tools/claims.py)
-def read_runs(runs: list[dict]) -> list[Record]:
-    """Stored trust runs (as ``records.glob`` gives them, without their names) read through the adapter's reader."""
-    return [trust_search_run(r, f"{FOLDER}/{r.get('task')}-s{r.get('seed')}.json") for r in runs]
-
-
-def trust_counts(runs: list[dict]) -> dict[str, int]:
-    """:func:`~.readers.trust_search.counts` of stored trust runs."""
-    return counts(read_runs(runs))
-
-
-def shown_worse(runs: list[dict]) -> list[tuple[str, int, float]]:
-    """:func:`~.readers.trust_search.shown_worse_runs` of stored trust runs."""
-    return shown_worse_runs(read_runs(runs))
-
-
-def gains_over_median_prompt(runs: list[dict]) -> dict | None:
-    """:func:`~.readers.trust_search.gains` of stored trust runs."""
-    return gains(read_runs(runs))
-
-
 def named(worse: list[tuple[str, int, float]]) -> str:
-    """`` (coin_flip seed 9, -10.2 points)`` for the runs :func:`shown_worse` returns; empty for none."""
+    """`` (coin_flip seed 9, -10.2 points)`` for runs ``(task, seed, paired gain)`` shown worse (:func:`worse_of`);
+    empty for none."""
     return " (" + ", ".join(f"{t} seed {seed}, {100 * g:+.1f} points" for t, seed, g in worse) + ")" if worse else ""
 
 
@@ -87,8 +55,8 @@ def read_trust_runs(records: Records) -> tuple[list[Record], Record | None]:
 def equal_time_record(records: Records) -> Record:
     """The prompt search at equal time: ``search-equal-time.json`` joined with the per-task records it
     names, each read through the one adapter (a pooled run count that differs from theirs is refused)."""
-    pooled = as_record(EQUAL_TIME, records(EQUAL_TIME))
-    return join_equal_time(pooled, [as_record(name, records(name)) for name in pooled.config["records"]])
+    pooled = read(records, EQUAL_TIME)
+    return join_equal_time(pooled, [read(records, name) for name in pooled.config["records"]])
 
 
 def _of(kind: str):

@@ -41,10 +41,6 @@ def shown_worse(vs: dict | None) -> bool:
     return bool(vs and vs.get("ci95") and vs["ci95"][1] < 0)
 
 
-def shown_better(vs: dict | None) -> bool:
-    return bool(vs and vs.get("ci95") and vs["ci95"][0] > 0)
-
-
 def at_or_above(run: dict, kind: str) -> int | None:
     """How many of the run's ``kind`` random prompts the handed-over prompt is at or above, in correct
     test answers (a tie is at)."""

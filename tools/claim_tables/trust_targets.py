@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from icl_ssm.records import Record
 
-from .adapt import as_record
+from .adapt import read
 from .base import Records, cite
-from .readers.trust_targets import merged
+from .readers.common import combined
 from .render import FORMATS, Column, metric_text, render
 from .trust import (
     BUDGET_FACTOR,
@@ -272,17 +272,17 @@ def _row(record: Record, measure: str, *cites: str) -> Record:
 
 def trust_targets(records: Records) -> str:
     """BENCHMARKS' 'Selection a user can trust': the targets, before the run-by-run table."""
-    read = lambda name: as_record(name, records(name))  # noqa: E731
-    joined = equal_time_record(records)
-    budgets = {part: read(name) for part, name in BUDGETS.items()}
-    rows = [_row(read(CORRECTNESS), "correctness", CORRECTNESS), _row(read(HANDOVER), "handover", HANDOVER),
-            _row(read(VERDICT), "verdict", VERDICT),
-            _row(joined, "equal-time", joined.name, *joined.config["records"])]
+    equal_time = equal_time_record(records)
+    budgets = {part: read(records, name) for part, name in BUDGETS.items()}
+    rows = [_row(read(records, CORRECTNESS), "correctness", CORRECTNESS),
+            _row(read(records, HANDOVER), "handover", HANDOVER), _row(read(records, VERDICT), "verdict", VERDICT),
+            _row(equal_time, "equal-time", equal_time.name, *equal_time.config["records"])]
     _, e = read_trust_runs(records)
     if e is not None:
         rows.append(_row(e, "trust"))
     config = {"k": budgets["b3"].config["k"], "target": budgets["b10"].config["target"]}
-    rows += [_row(merged("budget", budgets, config), "budget", *BUDGETS.values()), _row(read(WALL), "wall", WALL)]
+    rows += [_row(combined("budget", budgets, config=config), "budget", *BUDGETS.values()),
+             _row(read(records, WALL), "wall", WALL)]
     measure = lambda r: MEASURES[r.config["measure"]]  # noqa: E731
     columns = [Column("target", cell=lambda r: _text(measure(r).target, r)),
                Column("command", cell=lambda r: _text(measure(r).command, r)),

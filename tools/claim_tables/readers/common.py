@@ -9,6 +9,8 @@ from typing import Any
 
 from icl_ssm.records import Metric, Record
 
+from ..base import sd
+
 # what a stored bootstrap's "resampled" meant, in the words a table prints
 RESAMPLED = {"rows": "test examples", "examples": "test examples", "subsets": "subsets",
              "subsets and queries": "subsets and queries", "runs": "runs"}
@@ -26,22 +28,26 @@ def difference(stats: dict | None, unit: str = "accuracy difference", resampled:
 
 
 def accuracy(value: float | None, n: int | None) -> Metric:
+    """A test accuracy over ``n`` examples, without an interval."""
     return Metric(value, n=n, unit="accuracy")
 
 
+# the statistics :func:`combined` computes over metrics, by name
 STATISTICS: dict[str, Callable[[list[float]], float]] = {
-    "mean": statistics.fmean, "sd": lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0,
+    "mean": statistics.fmean, "sd": sd,
     "min": min, "max": max, "minus": lambda xs: xs[0] - xs[1], "plus": lambda xs: xs[0] + xs[1]}
 
 
 def combined(name: str, sources: dict[str, Record], stats: dict[str, tuple[str, list[str]]] | None = None,
-             config: dict[str, Any] | None = None) -> Record:
+             config: dict[str, Any] | None = None, *, derived: dict[str, Metric] | None = None) -> Record:
     """One record of several (a summary table's row that reads more than one record): each source's metrics
-    as ``{alias}.X``, its config under ``config["sources"][alias]``, its provenance as ``{alias}: {part}``; then
-    each statistic ``stats[out] = (what, [metric, ...])`` over the metrics named (a source's or one computed
-    before it): ``mean``, ``sd`` (sample sd, n - 1), ``min``, ``max`` (n = how many), ``minus`` (the first
-    less the second) or ``plus``; values alone, no interval."""
-    metrics = {f"{alias}.{k}": m for alias, r in sources.items() for k, m in r.metrics.items()}
+    as ``{alias}.X``, its config under ``config["sources"][alias]`` beside the settings ``config``, its
+    provenance as ``{alias}: {part}``; ``derived``: metrics the caller computed from the sources (a statistic
+    :data:`STATISTICS` does not hold, such as a Spearman-Brown projection), kept under their own names; then
+    each statistic ``stats[out] = (what, [metric, ...])`` over the metrics named (a source's, a derived one or
+    one computed before it): ``mean``, ``sd`` (sample sd, n - 1), ``min``, ``max`` (n = how many), ``minus``
+    (the first less the second) or ``plus``; values alone, no interval."""
+    metrics = {f"{alias}.{k}": m for alias, r in sources.items() for k, m in r.metrics.items()} | (derived or {})
     for out, (what, keys) in (stats or {}).items():
         missing = [k for k in keys if k not in metrics]
         if missing:

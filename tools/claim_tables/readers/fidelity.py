@@ -1,5 +1,4 @@
-"""``icl-ssm fidelity`` reports and the research records built on them, and the one place where numbers
-of several records are combined (:func:`combined`).
+"""``icl-ssm fidelity`` reports and the research records built on them.
 
 Families: the fidelity reports (``ablation-``, ``gpu-``, ``k50-``, ``seeds-``, ``ssm-input-``: one
 :func:`fidelity_report` each; an ``ssm-input-...-joined`` record of ``research/join_reports.py`` by
@@ -199,6 +198,5 @@ def flipped(raw: dict[str, Any], name: str) -> Record:
     return Record({"process": raw.get("provenance")}, config, metrics, {}, name)
 
 
-# a statistic of several metrics, by name (combined's ``stats``)
 FAMILIES = {start: fidelity_report for start in ("ablation-", "gpu-", "k50-", "seeds-", "ssm-input-")} | {
     "recency-": recency, "tail-readout-": tail_readout, "flipped-": flipped}

@@ -1,8 +1,8 @@
 """The selection records: ``bench select-order`` (each selected set in random and fixed prompt orders), the order
 searches of ``research/order_search.py`` and ``research/order_evaluators.py``, ``bench headroom`` at k = 20, the
 k = 50 ``bench select-quality`` runs (the dense ranking's split-half), ``bench estimators`` and ``bench select-cost``;
-and the records a table row derives from several of them (:func:`joined`, :func:`paired_sets`,
-:func:`reliability_growth`, :func:`pooled_estimators`).
+and the records a table row derives from several of them (:func:`paired_sets`, :func:`reliability_growth`,
+:func:`pooled_estimators`).
 
 A set is one method's selection at one seed, its metrics named ``{method}.seed{s}.X``. A mean over seeds is ``X``
 with its sample standard deviation ``X_sd`` (0 for one seed), both with ``n`` the seeds; no interval is stored:
@@ -20,6 +20,7 @@ from scipy.stats import f_oneway
 from icl_ssm.records import Metric, Record
 
 from ..base import paired_p, sd, spearman_brown
+from .common import combined
 
 ACC, DIFF, COUNT = "accuracy", "accuracy difference", "count"
 
@@ -228,15 +229,6 @@ def select_cost(raw: dict[str, Any], name: str) -> Record:
     return Record({"process": raw.get("provenance")}, config, metrics, {}, name)
 
 
-def joined(parts: dict[str, Record], **derived: Metric) -> Record:
-    """One record of several (a table row that reads more than one): each part's metrics as ``label.X``, its config
-    under ``label``, its provenance as ``label: stage``; ``derived``: metrics computed from the parts."""
-    metrics = {f"{label}.{k}": m for label, r in parts.items() for k, m in r.metrics.items()} | derived
-    provenance = {f"{label}: {stage}": p for label, r in parts.items() for stage, p in r.provenance.items()}
-    return Record(provenance, {label: r.config for label, r in parts.items()}, metrics, {},
-                  " + ".join(r.name for r in parts.values()))
-
-
 def paired_sets(plain: Record, other: Record) -> Record:
     """Two ``bench select-order`` reports of the same sets (:func:`select_order`'s ``record.part(rep)``), paired set
     by set over the order averaged out: ``other`` minus ``plain``, its mean (``minus``) and paired t-test
@@ -256,13 +248,13 @@ def paired_sets(plain: Record, other: Record) -> Record:
 
 
 def reliability_growth(fewer: Record, more: Record, seed: int = 0) -> Record:
-    """Two :func:`select_k50` records at fewer and more queries, :func:`joined` as ``fewer`` and ``more``, with the
-    split-half the Spearman-Brown formula predicts at ``more``'s queries from ``fewer``'s at ``seed``
-    (``predicted``)."""
+    """Two :func:`select_k50` records at fewer and more queries, :func:`~.common.combined` as ``fewer`` and
+    ``more``, with the split-half the Spearman-Brown formula predicts at ``more``'s queries from ``fewer``'s at
+    ``seed`` (``predicted``, n: ``more``'s queries)."""
     factor = more.config["queries"] / fewer.config["queries"]
     predicted = spearman_brown(fewer[f"seed{seed}.dense_split_half"].value, factor)
-    return joined({"fewer": fewer, "more": more},
-                  predicted=Metric(predicted, n=more.config["queries"], unit="spearman (split-half, predicted)"))
+    return combined(f"{fewer.name} + {more.name}", {"fewer": fewer, "more": more}, derived={
+        "predicted": Metric(predicted, n=more.config["queries"], unit="spearman (split-half, predicted)")})
 
 
 def pooled_estimators(records: list[Record], a: str = "ridge", b: str = "mean") -> Record:

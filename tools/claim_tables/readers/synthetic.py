@@ -14,6 +14,8 @@ from typing import Any
 
 from icl_ssm.records import Metric, Record
 
+from ..base import sd
+
 METHODS = ("random", "topk", "affinity-dense", "affinity-compressed")
 WITHIN = 0.10  # "compressed close to dense": its mean test MSE at most 10% above the dense evaluator's
 MARGIN = 0.05  # "compressed below a baseline": by more than this (about one standard error of a mean over 5 seeds)
@@ -39,11 +41,6 @@ def from_k(ks: list[int], holds: Callable[[int], bool]) -> int | None:
     return first
 
 
-def _sd(values: list[float]) -> float:
-    """Sample standard deviation (n - 1), 0 for one value."""
-    return statistics.stdev(values) if len(values) > 1 else 0.0
-
-
 def select_record(raw: dict[str, Any], name: str) -> Record:
     """A ``synthetic select`` record: per k and method (``k20.topk.mse``), the mean test MSE over the seeds
     (``mse``, n = seeds), its sample sd over the seeds (``mse_sd``) and the mean D1 share of the pick
@@ -63,7 +60,7 @@ def select_record(raw: dict[str, Any], name: str) -> Record:
         for method in METHODS:
             values = per_seed[k, method]
             metrics[f"k{k}.{method}.mse"] = Metric(acc[k, method], n=len(values), unit="test MSE")
-            metrics[f"k{k}.{method}.mse_sd"] = Metric(_sd(values), n=len(values), unit="test MSE (sd over seeds)")
+            metrics[f"k{k}.{method}.mse_sd"] = Metric(sd(values), n=len(values), unit="test MSE (sd over seeds)")
             metrics[f"k{k}.{method}.d1_share"] = Metric(statistics.fmean(r[method]["d1_share"] for r in seeds),
                                                         n=len(seeds), unit="share")
         metrics[f"k{k}.gap"] = Metric(acc[k, "affinity-compressed"] / acc[k, "affinity-dense"] - 1,

@@ -27,13 +27,6 @@ def _rate(value: float | None, draws: int | None) -> Metric:
     return Metric(value, n=draws, unit="share of draws")
 
 
-def merged(name: str, parts: dict[str, Record], config: dict[str, Any]) -> Record:
-    """One record of several: each part's metrics ``X`` as ``<prefix>.X``, its provenance per part."""
-    metrics = {f"{prefix}.{k}": m for prefix, part in parts.items() for k, m in part.metrics.items()}
-    provenance = {f"{part.name} {stage}": env for part in parts.values() for stage, env in part.provenance.items()}
-    return Record(provenance, config, metrics, {}, name)
-
-
 def prompt_correctness(raw: dict[str, Any], name: str) -> Record:
     """``research/prompt_correctness.py``'s record: ``prompts`` (count), ``spearman_loss`` and
     ``spearman_accuracy`` (Spearman of the label-balanced validation loss / validation accuracy with test
