@@ -132,3 +132,12 @@ def test_the_readers_are_gathered_from_their_modules_and_an_overlap_is_refused(m
     with pytest.raises(ValueError, match="overlaps 'trust-calibrated/'"):
         adapt._gather()
     assert readers.__name__ == "claim_tables.readers"
+
+
+def test_the_intervals_line_names_together_the_columns_that_rest_on_the_same_units():
+    rows = [Record(MADE, {}, {"a": Metric(0.1, (0.0, 0.2), 400, "test examples"),
+                              "b": Metric(0.2, (0.1, 0.3), 400, "test examples"),
+                              "c": Metric(0.3, (0.2, 0.4), 32, "subsets")}, {}, "x.json")]
+    note = intervals_note(rows, [Column("A", "a"), Column("B", "b"), Column("C", "c")])
+    assert note == ("Intervals: 'A' and 'B': 95% intervals over test examples, n = 400; "
+                    "'C': 95% intervals over subsets, n = 32.")

@@ -64,9 +64,9 @@ def metric_text(metric: Metric, show: Callable[[float], str]) -> str:
 
 
 def intervals_note(records: Sequence[Record], columns: Sequence[Column]) -> str:
-    """What each column's intervals resample and over how many units: one sentence, empty where no
-    cell has an interval."""
-    parts = []
+    """What each column's intervals resample and over how many units: one sentence, columns that rest on the
+    same (level, what, count) named together; empty where no cell has an interval."""
+    groups: dict[str, list[str]] = {}
     for col in columns:
         if col.metric is None:
             continue
@@ -78,8 +78,13 @@ def intervals_note(records: Sequence[Record], columns: Sequence[Column]) -> str:
         counts = sorted({m.n for m in shown if m.n is not None})
         n = "" if not counts else f", n = {counts[0]}" if len(counts) == 1 else f", n = {counts[0]}-{counts[-1]}"
         level = "/".join(f"{100 * x:g}%" for x in levels)
-        parts.append(f"'{col.header}': {level} intervals over {' / '.join(what)}{n}")
+        groups.setdefault(f"{level} intervals over {' / '.join(what)}{n}", []).append(f"'{col.header}'")
+    parts = [f"{_listed(headers)}: {rest}" for rest, headers in groups.items()]
     return ("Intervals: " + "; ".join(parts) + ".") if parts else ""
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def render(records: Sequence[Record], columns: Sequence[Column]) -> str:
