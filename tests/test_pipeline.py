@@ -227,10 +227,12 @@ def test_run_takes_the_shipped_compressor_and_its_accuracies_count_right_answers
 def test_the_search_screens_nothing_by_default_and_auto_follows_the_verdict(screen, verdict, compressor, expected,
                                                                          capsys):
     from icl_ssm.pipeline import DEFAULT_SCREEN, search_config
+    from icl_ssm.pipeline.evaluator import EvaluatorChoice
     from icl_ssm.select.config import SelectConfig
 
     cfg = RunConfig() if screen is None else RunConfig(screen=screen)
-    got = search_config(cfg, SelectConfig(compressor=compressor), {"evaluator": verdict}, {"bm25": {"indices": [1, 2]}})
+    got = search_config(cfg, SelectConfig(compressor=compressor), EvaluatorChoice(verdict, verdict, "test"),
+                        {"bm25": {"indices": [1, 2]}})
     assert got.screen == expected and got.method == "search" and got.seeds == {"bm25": [1, 2]}
     assert DEFAULT_SCREEN == "none" and SelectConfig().screen == DEFAULT_SCREEN
     if screen is None:

@@ -8,7 +8,8 @@ that produced it, so a rerun skips what is already done and an interrupted run c
    ``OUT/compressor`` (resumed if interrupted); else none (dense caches, the search unscreened);
 2. ``fidelity`` - ``icl-ssm fidelity`` on held-out subsets, with the shipped control when there is
    one, and the fidelity verdict (:mod:`icl_ssm.evaluate.verdict`); skipped without a compressor, or
-   when no method asked reads the verdict (:func:`uses_compressor`);
+   when no method asked reads the verdict (:func:`uses_compressor`). What the selections score
+   subsets on follows from it (:class:`~icl_ssm.pipeline.evaluator.EvaluatorChoice`);
 3. ``select-<method>`` - the prompt search (``search``: screen, dense confirmation, order;
    :mod:`icl_ssm.select.search`), ``affinity`` on compressed caches, the baselines, and
    (``--dense-evaluator``) affinity on dense caches for the cost and quality comparison; each
@@ -30,7 +31,7 @@ from icl_ssm import atomic
 from icl_ssm.lm.models import load_model
 from icl_ssm.lock import one_writer
 from icl_ssm.pipeline.check import check_stage
-from icl_ssm.pipeline.compressor import choose_compressor, choose_evaluator, fidelity_stage
+from icl_ssm.pipeline.compressor import choose_compressor, fidelity_stage
 from icl_ssm.pipeline.config import (
     DEFAULT_CALIBRATE,
     DEFAULT_METHODS,
@@ -42,6 +43,7 @@ from icl_ssm.pipeline.config import (
     run_splits,
 )
 from icl_ssm.pipeline.context import Run
+from icl_ssm.pipeline.evaluator import choose_evaluator
 from icl_ssm.pipeline.methods import headroom_stage, search_config, selection_stages
 from icl_ssm.pipeline.outputs import write_outputs
 from icl_ssm.pipeline.stages import say

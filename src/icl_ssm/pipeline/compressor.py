@@ -13,7 +13,6 @@ from icl_ssm.compress.pretrained import find_pretrained
 from icl_ssm.distill.config import DistillConfig
 from icl_ssm.distill.run import train_compressor
 from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
-from icl_ssm.evaluate.verdict import failed_checks, fidelity_verdict
 from icl_ssm.lm.models import resolve_device
 from icl_ssm.pipeline.config import RunConfig
 from icl_ssm.pipeline.context import Run
@@ -134,35 +133,3 @@ def uses_compressor(cfg: RunConfig) -> bool:
     evaluated = any(m in EVALUATED for m in cfg.methods)  # forced onto dense, the verdict is still reported
     screened = "search" in cfg.methods and cfg.screen in ("auto", "compressed")
     return evaluated or screened
-
-
-def choose_evaluator(cfg: RunConfig, fidelity: dict | None, unused: bool = False) -> dict:
-    """The evaluator of affinity, BRIDGE and the search's screen:
-    :func:`~icl_ssm.evaluate.verdict.fidelity_verdict` on the fidelity stage (``cfg.evaluator="auto"``),
-    or the one ``cfg.evaluator`` forces. The verdict is printed whether it passes or fails; a
-    forced evaluator says so, and compressed caches forced against a failed verdict are warned about.
-    Without a compressor (``fidelity`` None) the evaluator is dense and the reason says so; ``unused``:
-    there was one, but no method asked reads the verdict (:func:`uses_compressor`)."""
-    if fidelity is None:
-        if cfg.evaluator == "compressed" and not unused:
-            raise ValueError(f"--evaluator compressed needs a compressor, and none is shipped for --model {cfg.model} "
-                             f"and --task {cfg.task}: pass --compressor DIR or --distill")
-        reason = ("no method asked scores subsets on compressed caches, so the compressor's fidelity was not measured"
-                  if unused else
-                  "no compressor was given, shipped or distilled, so affinity scores subsets on dense caches")
-        return {"evaluator": "dense", "verdict": "dense", "reason": reason, "summary": reason, "checks": []}
-    measured = fidelity_verdict(fidelity, max_accuracy_drop=cfg.max_accuracy_drop)
-    verdict = {**measured, "verdict": measured["evaluator"]}
-    if verdict.get("summary") and verdict["verdict"] == "compressed":  # a failed verdict is said below, once
-        say(verdict["summary"])
-    if cfg.evaluator != "auto":
-        verdict.update(evaluator=cfg.evaluator, reason=f"--evaluator {cfg.evaluator} was asked for" + (
-            f"; the fidelity verdict would have chosen {verdict['verdict']}"
-            if verdict["verdict"] != cfg.evaluator else ""))
-    if verdict["verdict"] == "dense":
-        if cfg.evaluator == "compressed":
-            say(f"warning: the fidelity verdict failed the compressed caches ({failed_checks(verdict['checks'])}); "
-                "selecting with them because --evaluator compressed was asked for")
-        else:
-            say(f"warning: {verdict['reason']}")
-    return verdict

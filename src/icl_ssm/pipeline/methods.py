@@ -10,6 +10,7 @@ import numpy as np
 
 from icl_ssm.pipeline.config import QUICK, RunConfig
 from icl_ssm.pipeline.context import Run
+from icl_ssm.pipeline.evaluator import EvaluatorChoice
 from icl_ssm.pipeline.stages import say, stage_bar, stage_key
 from icl_ssm.select.base import Hooks
 from icl_ssm.select.config import EVALUATED, SelectConfig
@@ -18,20 +19,21 @@ from icl_ssm.select.held_out import evaluate_selection
 from icl_ssm.select.stage import select_demonstrations
 
 
-def method_configs(cfg: RunConfig, base: SelectConfig, verdict: dict) -> list[tuple[str, SelectConfig]]:
+def method_configs(cfg: RunConfig, base: SelectConfig, verdict: EvaluatorChoice) -> list[tuple[str, SelectConfig]]:
     """``(stage name, settings)`` of every plain method asked (the search comes later): affinity
     and BRIDGE on the verdict's evaluator and, with ``--dense-evaluator`` where that is the
     compressed one, affinity again on dense caches right after it."""
     runs = [(m, replace(base, method=m, stratify=cfg.stratify and m == "affinity")) for m in cfg.methods
             if m != "search"]
-    runs = [(m, replace(s, evaluator=verdict["evaluator"]) if m in EVALUATED else s) for m, s in runs]
-    if cfg.dense_evaluator and "affinity" in cfg.methods and verdict["evaluator"] == "compressed":
+    runs = [(m, replace(s, evaluator=verdict.evaluator) if m in EVALUATED else s) for m, s in runs]
+    if cfg.dense_evaluator and "affinity" in cfg.methods and verdict.compressed:
         at = next(i for i, (m, _) in enumerate(runs) if m == "affinity") + 1
         runs.insert(at, ("affinity-dense", replace(base, method="affinity", evaluator="dense", stratify=cfg.stratify)))
     return runs
 
 
-def selection_stages(run: Run, base: SelectConfig, verdict: dict, compressor, room: dict | None) -> dict[str, dict]:
+def selection_stages(run: Run, base: SelectConfig, verdict: EvaluatorChoice, compressor,
+                     room: dict | None) -> dict[str, dict]:
     """Stage 3, ``select-<name>`` for every method asked, each stored as it ends: the plain methods,
     then (last, so that their picks are among the prompts it screens) the search, or, where the
     headroom says no search can add, a calibrated random prompt at once; then affinity at the
@@ -44,7 +46,7 @@ def selection_stages(run: Run, base: SelectConfig, verdict: dict, compressor, ro
         selections[name] = select_stage(run, name, scfg, compressor)
     if "search" in cfg.methods and QUICK not in selections:
         selections["search"] = select_stage(run, "search", search_config(cfg, base, verdict, selections), compressor)
-    if cfg.equal_cost and "affinity-dense" in selections and verdict["evaluator"] == "compressed":
+    if cfg.equal_cost and "affinity-dense" in selections and verdict.compressed:
         selections["affinity-equal-cost"] = equal_cost_stage(run, base, selections["affinity-dense"], compressor)
     return selections
 
@@ -65,13 +67,14 @@ def select_stage(run: Run, name: str, scfg: SelectConfig, compressor) -> dict:
     return run.stages.put(f"select-{name}", key, summary)
 
 
-def search_config(cfg: RunConfig, base: SelectConfig, verdict: dict, selections: dict[str, dict]) -> SelectConfig:
+def search_config(cfg: RunConfig, base: SelectConfig, verdict: EvaluatorChoice,
+                  selections: dict[str, dict]) -> SelectConfig:
     """The prompt search's settings: its screen (``none`` by default, i.e. random search into the
     dense confirmation; ``auto``: the compressed caches where the fidelity verdict trusts them, else
     none) and the other methods' picks as seeds."""
     screen = cfg.screen
     if screen == "auto":
-        screen = "compressed" if verdict["evaluator"] == "compressed" else "none"
+        screen = "compressed" if verdict.compressed else "none"
         why = ("the fidelity verdict passed the compressed caches" if screen == "compressed" else
                "no compressor" if not base.compressor else "the fidelity verdict failed the compressed caches")
         say(f"search: screen {screen} ({why}; --screen chooses)")

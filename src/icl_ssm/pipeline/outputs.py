@@ -11,6 +11,7 @@ from icl_ssm.pipeline.check import preferred_pick
 from icl_ssm.pipeline.compressor import CompressorChoice
 from icl_ssm.pipeline.config import QUICK, held_out_start
 from icl_ssm.pipeline.context import Run
+from icl_ssm.pipeline.evaluator import EvaluatorChoice
 from icl_ssm.select.check import ZERO_SHOT
 from icl_ssm.select.outputs import selected_rows
 from icl_ssm.select.selected import SelectedPrompt, pool_spec
@@ -52,7 +53,8 @@ def report_rows(selections: dict[str, dict], check: dict | None) -> list[dict]:
 
 
 def write_outputs(run: Run, comp: CompressorChoice, fidelity: dict | None, selections: dict[str, dict],
-                  check: dict | None = None, verdict: dict | None = None, headroom: dict | None = None) -> dict:
+                  check: dict | None = None, verdict: EvaluatorChoice | None = None,
+                  headroom: dict | None = None) -> dict:
     """selected.jsonl + prompt.txt (the prompt handed over: the method's pick when it passed the
     check against random prompts, else the best-checked prompt) and the report."""
     from icl_ssm.report.write import write_report
@@ -67,10 +69,11 @@ def write_outputs(run: Run, comp: CompressorChoice, fidelity: dict | None, selec
     made = pool_spec(pool, size=cfg.pool_size, seed=cfg.seed, k=cfg.k,
                      min_validation=held_out_start(cfg) + cfg.check_size)
     calibration = Calibration.from_dict(handed["calibration"]) if handed.get("calibration") else None
+    measured = None if verdict is None else verdict.as_dict()
     handed_over = SelectedPrompt.from_pool(pool, handed["indices"], model=cfg.model, task=run.task,
                                            method=handed["name"], task_options=cfg.task_options, pool_made=made,
                                            compressor=comp.compressor,
-                                           fidelity=compressor_fidelity(comp.compressor, verdict),
+                                           fidelity=compressor_fidelity(comp.compressor, measured),
                                            calibration=calibration)
     handed_over.save(out)  # selection.json: what icl-ssm answer loads
     atomic.write_text(out / "prompt.txt", run.builder.build_prefix([pool[i] for i in handed["indices"]]).text)
@@ -84,7 +87,7 @@ def write_outputs(run: Run, comp: CompressorChoice, fidelity: dict | None, selec
         "picks": {name: s["indices"] for name, s in selections.items()}, "preferred": preferred,
         "prompt_file": "prompt.txt", "selected_file": "selected.jsonl",
         "pool_size": len(pool), "run_config": asdict(cfg), "check": check, "handed_over": handed,
-        "fidelity_verdict": verdict,
+        "fidelity_verdict": measured,
         "search": None if search is None else {key: search.get(key) for key in _SEARCH_KEYS},
         "headroom": headroom, **run.stages.provenance(),
     }
