@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from icl_ssm import atomic
-from icl_ssm.compress.cache import PrefixCache, dense_cache, forward_with_prefix, teacher_forward
+from icl_ssm.compress.cache import PrefixCache, dense_cache, teacher_forward
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.data.splits import split
 from icl_ssm.data.tasks import get_task
@@ -48,6 +48,7 @@ from icl_ssm.evaluate.stats import spearman_ci
 from icl_ssm.lm.batch import pad_ids
 from icl_ssm.lm.hf import kv_from_cache, output_cache
 from icl_ssm.lm.models import load_model
+from icl_ssm.lm.prefix import forward_with_prefix
 from icl_ssm.lm.prompts import Prompt, PromptBuilder
 from icl_ssm.ssm import scan as S
 

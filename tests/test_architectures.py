@@ -10,7 +10,7 @@ import torch
 from helpers import save_tiny
 
 from icl_ssm.cli import main
-from icl_ssm.compress.cache import compressed_cache, dense_cache, forward_with_prefix
+from icl_ssm.compress.cache import compressed_cache, dense_cache
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load_compressor
 from icl_ssm.compress.generate import generate_with_prefix
 from icl_ssm.compress.packed import forward_packed
@@ -18,6 +18,7 @@ from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
 from icl_ssm.lm.hf import mixed_layer_types, sliding_window
 from icl_ssm.lm.logprobs import continuation_logprobs, continuation_logprobs_ref
 from icl_ssm.lm.models import load_model
+from icl_ssm.lm.prefix import forward_with_prefix
 from icl_ssm.lm.support import validate_supported
 from icl_ssm.lm.tiny import SLIDING_TINY, TINY_CONFIGS, tiny_config, tiny_model
 

@@ -4,18 +4,13 @@ import json
 import pytest
 import torch
 
-from icl_ssm.compress.cache import (
-    PrefixCache,
-    compressed_cache,
-    dense_cache,
-    forward_with_prefix,
-    window_cache,
-)
+from icl_ssm.compress.cache import PrefixCache, compressed_cache, dense_cache, window_cache
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load_compressor, parameter_budget
 from icl_ssm.compress.generate import generate_with_prefix
 from icl_ssm.lm.generation import greedy_generate
 from icl_ssm.lm.hf import output_cache
 from icl_ssm.lm.logprobs import continuation_logprobs, continuation_logprobs_ref
+from icl_ssm.lm.prefix import forward_with_prefix
 from icl_ssm.lm.tiny import tiny_config, tiny_model
 
 ARCHS = [("llama", {}), ("qwen2", {}), ("llama", {"head_dim": 24, "num_key_value_heads": 1})]

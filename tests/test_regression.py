@@ -311,8 +311,9 @@ def test_evaluate_teacher_rows():
 
 
 def test_the_cache_paths_serve_a_teacher_that_reads_value_tokens():
-    from icl_ssm.compress.cache import compressed_cache, dense_cache, forward_with_prefix, window_cache
+    from icl_ssm.compress.cache import compressed_cache, dense_cache, window_cache
     from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
+    from icl_ssm.lm.prefix import forward_with_prefix
 
     teacher = tiny_teacher()
     rng = np.random.default_rng(0)
@@ -344,10 +345,11 @@ def test_the_distillation_trains_a_compressor_for_the_regression_teacher(tmp_pat
     targets from the regression teacher; stage 2 brings the compressed predictions closer."""
     from icl_ssm_bench.synthetic.distill import regression_targets
 
-    from icl_ssm.compress.cache import compressed_cache, forward_with_prefix
+    from icl_ssm.compress.cache import compressed_cache
     from icl_ssm.compress.compressor import load_compressor
     from icl_ssm.distill.config import DistillConfig
     from icl_ssm.distill.train import train
+    from icl_ssm.lm.prefix import forward_with_prefix
 
     teacher = tiny_teacher(max_pairs=12)
     task = RegressionTask("linear", d=4, clusters=2, seed=0)

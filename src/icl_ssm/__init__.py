@@ -23,14 +23,7 @@ from icl_ssm.compress.builders import (
     WindowCache,
     cache_for,
 )
-from icl_ssm.compress.cache import (
-    PrefixCache,
-    compress_demonstrations,
-    compressed_cache,
-    dense_cache,
-    forward_with_prefix,
-    window_cache,
-)
+from icl_ssm.compress.cache import PrefixCache, compress_demonstrations, compressed_cache, dense_cache, window_cache
 from icl_ssm.compress.cache import (
     exact_cache as exact_cache,  # dense_cache's earlier name
 )
@@ -45,6 +38,7 @@ from icl_ssm.distill.run import train_compressor
 from icl_ssm.evaluate.fidelity import FidelityConfig, run_fidelity
 from icl_ssm.lm.generation import generate_answers
 from icl_ssm.lm.models import EMBEDDED_MODELS, load_model, model_info
+from icl_ssm.lm.prefix import forward_with_prefix
 from icl_ssm.lm.prompts import Prompt, PromptBuilder
 from icl_ssm.lm.scoring import answer_loss, predict_labels, score_labels
 from icl_ssm.lm.support import validate_supported

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from icl_ssm.compress.cache import PrefixCache, _check_prompt, dense_cache, sink_window_slots, tokens_arg
-from icl_ssm.lm.hf import kv_from_cache, new_cache, output_cache, rerotate_keys, with_cache
+from icl_ssm.compress.cache import PrefixCache, _check_prompt, dense_cache, sink_window_slots
+from icl_ssm.lm.hf import kv_from_cache, new_cache, output_cache, rerotate_keys, tokens_arg, with_cache
 
 
 def streaming_cache(

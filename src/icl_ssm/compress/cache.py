@@ -1,7 +1,7 @@
 """The prefix caches: :class:`PrefixCache` and the functions that build one from a prompt, and the
-query's inputs after one (:func:`query_inputs`, :func:`forward_with_prefix`). Built on this module:
+query after one is read by :func:`icl_ssm.lm.prefix.forward_with_prefix`. Built on this module:
 :mod:`.baselines` (the StreamingLLM and LM-Infinite caches), :mod:`.generate` and :mod:`.packed`
-(many short suffixes read after one prefix row, :func:`forward_with_prefix` its reference). The
+(many short suffixes read after one prefix row, ``forward_with_prefix`` its reference). The
 transformers Cache API itself is reached only through :mod:`icl_ssm.lm.hf`.
 
 A :class:`PrefixCache` is what stands in front of a query: per-layer keys and values
@@ -43,9 +43,10 @@ from icl_ssm.lm.hf import (
     output_cache,
     real_positions,
     slot_positions,
+    tokens_arg,
     with_cache,
 )
-from icl_ssm.lm.prefix import prefix_inputs
+from icl_ssm.lm.prefix import forward_with_prefix
 
 
 @dataclass(frozen=True)
@@ -155,11 +156,6 @@ def teacher_forward(
     position_ids = (mask.long().cumsum(1) - 1).clamp(min=0)
     return model(**tokens_arg(model, input_ids), attention_mask=mask.long(), position_ids=position_ids,
                  use_cache=True, **with_cache(model, new_cache()), **kwargs)
-
-
-def tokens_arg(model: PreTrainedModel, tokens: Tensor) -> dict[str, Tensor]:
-    """``{model.main_input_name: tokens}``: ``input_ids`` for a language model."""
-    return {getattr(model, "main_input_name", "input_ids"): tokens}
 
 
 def dense_cache(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor | None = None) -> PrefixCache:
@@ -322,36 +318,3 @@ def sink_window_slots(lengths: Tensor, num_sink: int, n_window: int) -> tuple[Te
         index[b, L - len(keep):] = torch.tensor(keep, device=lengths.device)
         slot[b, L - len(keep):] = True
     return index, slot
-
-
-def query_inputs(model: PreTrainedModel, prefix: PrefixCache, input_ids: Tensor,
-                 attention_mask: Tensor | None = None) -> dict:
-    """``model``'s kwargs to run ``input_ids: (B, q)`` (or ``(B, q, F)``) after ``prefix`` (same batch size).
-
-    The query may be left- or right-padded: position ids count its real tokens from
-    ``prefix.next_position``.
-    """
-    if input_ids.shape[0] != prefix.batch_size:
-        raise ValueError(
-            f"query batch ({input_ids.shape[0]}) must equal the prefix batch ({prefix.batch_size}); "
-            "use PrefixCache.select or repeat_interleave"
-        )
-    qmask = (torch.ones(input_ids.shape[:2], dtype=torch.bool, device=input_ids.device) if attention_mask is None
-             else attention_mask.bool())
-    after = prefix_inputs(prefix, None, None, prefix.mask.device)
-    positions = after.positions((qmask.long().cumsum(1) - 1).clamp(min=0))
-    return {**tokens_arg(model, input_ids),
-            **after.forward_kwargs(model, qmask, positions, dtype=prefix.keys[0].dtype)}
-
-
-def forward_with_prefix(
-    model: PreTrainedModel,
-    prefix: PrefixCache,
-    input_ids: Tensor,
-    attention_mask: Tensor | None = None,
-    **kwargs,
-):
-    """``model(...)`` on the query ``input_ids: (B, q)`` (or ``(B, q, F)``) after ``prefix``: a
-    language model's output has logits ``(B, q, vocab)``, a regression teacher's predictions ``(B, q)``."""
-    return model(**query_inputs(model, prefix, input_ids, attention_mask), **kwargs)  # use_cache: query_inputs
-

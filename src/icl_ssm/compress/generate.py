@@ -9,9 +9,10 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from icl_ssm.compress.cache import PrefixCache, query_inputs
+from icl_ssm.compress.cache import PrefixCache
 from icl_ssm.lm.generation import greedy_generate
 from icl_ssm.lm.hf import sliding_window
+from icl_ssm.lm.prefix import query_inputs
 
 
 def generate_with_prefix(

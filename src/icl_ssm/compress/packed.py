@@ -1,7 +1,7 @@
 """The packed query path: short suffixes read after the rows of a :class:`~icl_ssm.compress.cache.PrefixCache`,
 every suffix of a row laid end to end as a segment of one sequence.
 
-:func:`forward_packed` is the fast path; its reference is :func:`~icl_ssm.compress.cache.forward_with_prefix`
+:func:`forward_packed` is the fast path; its reference is :func:`~icl_ssm.lm.prefix.forward_with_prefix`
 on :meth:`~icl_ssm.compress.cache.PrefixCache.select` (each suffix after its own copy of its row's cache),
 and the two are held equal in ``tests/test_architectures.py``. A segment sees the prefix and its own
 earlier tokens (a block-diagonal causal mask), its position ids restart at the prefix's

@@ -12,13 +12,14 @@ from typing import Any, NamedTuple
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from icl_ssm.compress.cache import PrefixCache, compressed_cache, dense_cache, forward_with_prefix
+from icl_ssm.compress.cache import PrefixCache, compressed_cache, dense_cache
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig, load_compressor
 from icl_ssm.cost import Cost, measure, peak_rss
 from icl_ssm.data.splits import split, validate_k
 from icl_ssm.data.tasks import Example, Task, get_task
 from icl_ssm.lm.generation import generate_answers
 from icl_ssm.lm.models import DEFAULT_MODEL, load_model, model_info
+from icl_ssm.lm.prefix import forward_with_prefix
 from icl_ssm.lm.prompts import Prompt, PromptBuilder
 from icl_ssm.lm.scoring import predict_labels
 

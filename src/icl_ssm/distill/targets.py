@@ -24,11 +24,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from icl_ssm.compress.cache import dense_cache, forward_with_prefix
+from icl_ssm.compress.cache import dense_cache
 from icl_ssm.compress.packed import forward_packed
 from icl_ssm.data.tasks import Example
 from icl_ssm.distill.spec import TeacherSpec
 from icl_ssm.lm.batch import pad_ids
+from icl_ssm.lm.prefix import forward_with_prefix
 from icl_ssm.lm.prompts import PromptBuilder
 
 

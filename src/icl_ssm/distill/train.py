@@ -32,13 +32,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from icl_ssm.compress.cache import compressed_cache, forward_with_prefix, summary_inputs
+from icl_ssm.compress.cache import compressed_cache, summary_inputs
 from icl_ssm.compress.compressor import SSMCompressor, SSMCompressorConfig
 from icl_ssm.distill.checkpoint import load_checkpoint, save_checkpoint, save_final
 from icl_ssm.distill.config import COMPRESSOR_FIELDS, DistillConfig
 from icl_ssm.distill.losses import bucket_kl, hidden_loss, kv_alignment_loss, label_kl, rank_loss
 from icl_ssm.distill.teacher import TeacherCache
 from icl_ssm.lm.batch import pad_ids
+from icl_ssm.lm.prefix import forward_with_prefix
 
 
 def _on(episode: dict, device: torch.device) -> dict:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from icl_ssm.compress.cache import PrefixCache, forward_with_prefix
+from icl_ssm.compress.cache import PrefixCache
 from icl_ssm.compress.packed import forward_packed
 from icl_ssm.cost import Cost
 from icl_ssm.data.tasks import Example
@@ -21,6 +21,7 @@ from icl_ssm.evaluate.label_trie import answer_scores
 from icl_ssm.lm.batch import PromptLike, as_ids, pad_ids
 from icl_ssm.lm.generation import generate_answers
 from icl_ssm.lm.hf import accepts_logits_to_keep
+from icl_ssm.lm.prefix import forward_with_prefix
 from icl_ssm.lm.prompts import PromptBuilder
 from icl_ssm.lm.scoring import answer_loss
 

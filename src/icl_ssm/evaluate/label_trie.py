@@ -11,9 +11,10 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from icl_ssm.compress.cache import PrefixCache, forward_with_prefix
+from icl_ssm.compress.cache import PrefixCache
 from icl_ssm.lm.batch import pad_ids
 from icl_ssm.lm.hf import accepts_logits_to_keep, output_cache, slot_positions, windowed_mask, with_cache
+from icl_ssm.lm.prefix import forward_with_prefix
 from icl_ssm.lm.prompts import PromptBuilder
 
 

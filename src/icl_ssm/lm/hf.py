@@ -248,3 +248,8 @@ def prefix_mask_for(
     before, start = slot_positions(prefix_mask.bool(), positions)
     kv_positions = torch.cat([before, real_positions(seen_mask, start)], dim=1)  # (B, L + S)
     return windowed_mask(model, mask, kv_positions[:, -q:], kv_positions)
+
+
+def tokens_arg(model: PreTrainedModel, tokens: Tensor) -> dict[str, Tensor]:
+    """``{model.main_input_name: tokens}``: ``input_ids`` for a language model."""
+    return {getattr(model, "main_input_name", "input_ids"): tokens}

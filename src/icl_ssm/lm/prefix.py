@@ -2,9 +2,10 @@
 prompts (a :class:`PrefixLike`, ``icl_ssm.compress.cache.PrefixCache``: K/V rows, slot mask, next
 position, one row shared by all prompts or one per prompt; or a plain transformers ``Cache`` of
 batch 1), its rows mapped onto the prompts (:func:`prefix_row_map`), and :class:`AfterPrefix`,
-which turns them into the forward's cache, attention mask and position ids. Label scores,
-answer losses, generation (:mod:`.logprobs`, :mod:`.generation`) and the compressed caches'
-queries (``icl_ssm.compress.cache.query_inputs``) all read a prefix through it."""
+which turns them into the forward's cache, attention mask and position ids; and a query's forward
+after a prefix cache (:func:`query_inputs`, :func:`forward_with_prefix`). Label scores, answer
+losses, generation (:mod:`.logprobs`, :mod:`.generation`), the answer logits of
+``icl_ssm.evaluate.answers`` and distillation's targets all read a prefix through this module."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from icl_ssm.lm.hf import cache_batch_size, cache_length, prefix_mask_for, repeated_cache, with_cache
+from icl_ssm.lm.hf import cache_batch_size, cache_length, prefix_mask_for, repeated_cache, tokens_arg, with_cache
 
 
 class PrefixLike(Protocol):
@@ -139,3 +140,35 @@ def prefix_inputs(
 
 def _to(t: Tensor | None, device: torch.device) -> Tensor | None:
     return None if t is None else t.to(device)
+
+
+def query_inputs(model: PreTrainedModel, prefix: PrefixLike, input_ids: Tensor,
+                 attention_mask: Tensor | None = None) -> dict:
+    """``model``'s kwargs to run ``input_ids: (B, q)`` (or ``(B, q, F)``) after ``prefix`` (same batch size).
+
+    The query may be left- or right-padded: position ids count its real tokens from
+    ``prefix.next_position``.
+    """
+    if input_ids.shape[0] != prefix.batch_size:
+        raise ValueError(
+            f"query batch ({input_ids.shape[0]}) must equal the prefix batch ({prefix.batch_size}); "
+            "use PrefixCache.select or repeat_interleave"
+        )
+    qmask = (torch.ones(input_ids.shape[:2], dtype=torch.bool, device=input_ids.device) if attention_mask is None
+             else attention_mask.bool())
+    after = prefix_inputs(prefix, None, None, prefix.mask.device)
+    positions = after.positions((qmask.long().cumsum(1) - 1).clamp(min=0))
+    return {**tokens_arg(model, input_ids),
+            **after.forward_kwargs(model, qmask, positions, dtype=prefix.keys[0].dtype)}
+
+
+def forward_with_prefix(
+    model: PreTrainedModel,
+    prefix: PrefixLike,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    **kwargs,
+):
+    """``model(...)`` on the query ``input_ids: (B, q)`` (or ``(B, q, F)``) after ``prefix``: a
+    language model's output has logits ``(B, q, vocab)``, a regression teacher's predictions ``(B, q)``."""
+    return model(**query_inputs(model, prefix, input_ids, attention_mask), **kwargs)  # use_cache: query_inputs

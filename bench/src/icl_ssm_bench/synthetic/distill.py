@@ -24,8 +24,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from icl_ssm.compress.cache import dense_cache, forward_with_prefix
+from icl_ssm.compress.cache import dense_cache
 from icl_ssm.distill.targets import pool_kv
+from icl_ssm.lm.prefix import forward_with_prefix
 from icl_ssm_bench.synthetic.task import RegressionTask
 from icl_ssm_bench.synthetic.teacher import RegressionTeacher, prompt_values
 

@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from icl_ssm.compress.builders import CacheBuilder
-from icl_ssm.compress.cache import PrefixCache, dense_cache, forward_with_prefix
+from icl_ssm.compress.cache import PrefixCache, dense_cache
 from icl_ssm.cost import Cost, measure
 from icl_ssm.data.tasks import Example
+from icl_ssm.lm.prefix import forward_with_prefix
 from icl_ssm.select.subset_losses import SubsetEvaluator, SubsetLosses
 from icl_ssm_bench.synthetic.task import SelectionSplit
 from icl_ssm_bench.synthetic.teacher import RegressionTeacher, prompt_values
