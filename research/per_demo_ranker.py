@@ -52,6 +52,7 @@ from icl_ssm import atomic  # noqa: E402
 from icl_ssm.data.splits import split  # noqa: E402
 from icl_ssm.data.tasks import get_task  # noqa: E402
 from icl_ssm.evaluate.stats import interval, spearman  # noqa: E402
+from icl_ssm.lm.batch import pad_ids  # noqa: E402
 from icl_ssm.lm.models import load_model  # noqa: E402
 from icl_ssm.lm.prompts import PromptBuilder  # noqa: E402
 
@@ -60,15 +61,17 @@ COMPONENTS, OUTER, INNER = 16, 8, 4
 PENALTIES = 10.0 ** np.arange(-2, 4)
 
 
-def encodings(model, builder: PromptBuilder, pool) -> np.ndarray:
-    """(n, d) each demonstration's mean last-layer hidden state, read alone."""
+def encodings(model, builder: PromptBuilder, pool, batch: int = 32) -> np.ndarray:
+    """(n, d) each demonstration's mean last-layer hidden state, read alone (right-padded batches;
+    the mean runs over its own tokens only)."""
     out = []
     with torch.no_grad():
-        for demo in pool:
-            ids = torch.tensor([builder.build_prefix([demo]).input_ids])
-            hidden = model(input_ids=ids, output_hidden_states=True).hidden_states[-1][0]  # (T, d)
-            out.append(hidden.double().mean(0).numpy())
-    return np.stack(out)
+        for start in range(0, len(pool), batch):
+            ids, mask = pad_ids([list(builder.build_prefix([d]).input_ids) for d in pool[start:start + batch]], "right")
+            hidden = model(input_ids=ids, attention_mask=mask.long(), output_hidden_states=True).hidden_states[-1]
+            m = mask[..., None].double()
+            out.append(((hidden.double() * m).sum(1) / m.sum(1)).numpy())  # (b, d)
+    return np.concatenate(out)
 
 
 def components(x: np.ndarray, n: int = COMPONENTS) -> np.ndarray:
