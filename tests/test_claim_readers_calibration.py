@@ -164,3 +164,20 @@ STORED = ["calibration/label-lean-rotten_tomatoes.json", "calibration/calibrate-
 def test_the_stored_records_read(name):
     root = Path(__file__).resolve().parents[1]
     assert as_record(name, json.loads((root / "docs/results" / name).read_text())).metrics
+
+
+def test_the_per_demonstration_probe_reads_each_learned_ranker_and_its_margin_over_label_counts():
+    raw = {"provenance": MADE, "config": {"bootstrap": {"resampled": "subsets (out-of-fold predictions held fixed)"}},
+           "records": [{"record": "r.json", "task": "rotten_tomatoes_foobar", "k": 20, "subsets": 96, "pool": 1500,
+                        "target_queries": 56,
+                        "spearman": [{"ranker": "per-demonstration encodings", "spearman": 0.3, "ci95": [0.1, 0.5]},
+                                     {"ranker": "label counts", "spearman": 0.1, "ci95": [-0.1, 0.3]},
+                                     {"ranker": "both", "spearman": 0.35, "ci95": [0.15, 0.55]}],
+                        "paired": {"ranker": "per-demonstration encodings", "minus": "label counts",
+                                   "difference": 0.2, "ci95": [-0.05, 0.45]}}]}
+    record = as_record("fair-trial/per-demo-ranker-k20.json", raw).part("rotten_tomatoes_foobar")
+    assert record["spearman.encodings"].value == 0.3 and record["spearman.encodings"].interval == (0.1, 0.5)
+    assert record["spearman.label_counts"].n == 96
+    margin = record["encodings_minus_label_counts"]
+    assert (margin.value, margin.interval, margin.unit) == (0.2, (-0.05, 0.45), "spearman difference")
+    assert margin.resamples == "subsets (out-of-fold predictions held fixed)"

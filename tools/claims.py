@@ -41,7 +41,14 @@ from claim_tables.calibration import (
     label_lean,
 )
 from claim_tables.demo import demo, demo_same_selection, demo_time
-from claim_tables.fair_trial import LONG_CONTEXT, RANKERS, fair_trial_long_context, fair_trial_rankers
+from claim_tables.fair_trial import (
+    LONG_CONTEXT,
+    PER_DEMO,
+    RANKERS,
+    fair_trial_long_context,
+    fair_trial_per_demo,
+    fair_trial_rankers,
+)
 from claim_tables.fidelity import compressed_caches, distillation_fidelity
 from claim_tables.headline import headline_results
 from claim_tables.paper import paper_artefacts
@@ -154,6 +161,7 @@ TABLES: dict[str, tuple[str, Callable[[Records], str]]] = {
     "calibration-headroom-bench": ("BENCHMARKS.md", lambda r: calibration_headroom(r, 0)),
     "fair-trial-rankers": ("docs/research/fair-trial.md", pending(fair_trial_rankers, RANKERS)),
     "fair-trial-long-context": ("docs/research/fair-trial.md", pending(fair_trial_long_context, LONG_CONTEXT[0])),
+    "fair-trial-per-demo": ("docs/research/fair-trial.md", pending(fair_trial_per_demo, PER_DEMO)),
 }
 
 

@@ -4,6 +4,7 @@ once the label lean is out."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from claim_tables.adapt import read
 from claim_tables.base import Records
@@ -78,3 +79,25 @@ def fair_trial_long_context(records: Records) -> str:
             f"{first['validation']} validation inputs and {first['test_size']} test examples; accuracies as shares. "
             "The dense pass reads the validation and test inputs and the content-free and domain inputs after one "
             "prompt (2-core CPU, nothing else running); its seconds are the median over the prompts.")
+
+
+# research/per_demo_ranker.py: learned linear readouts of per-demonstration encodings against learned label counts
+PER_DEMO = "fair-trial/per-demo-ranker-k20.json"
+PER_DEMO_COLUMNS = [
+    Column("task", config="part"), Column("subsets", config="subsets"), Column("pool", config="pool"),
+    Column("per-demonstration encodings (32 features)", "spearman.encodings", fmt="rho"),
+    Column("label counts (4 features)", "spearman.label_counts", fmt="rho"),
+    Column("both", "spearman.both", fmt="rho"),
+    Column("encodings minus label counts", "encodings_minus_label_counts", fmt="diff"),
+]
+
+
+def fair_trial_per_demo(records: Records, depth: int = 2) -> str:
+    """Per task, the out-of-fold Spearman of ridge readouts of per-demonstration encodings and of label counts
+    with the dense ranking once the lean is out (one renderer, one adapter: the rows are the record's tasks)."""
+    record = read(records, PER_DEMO)
+    rows = [replace(record.part(task), config={**record.config["parts"][task], "part": task})
+            for task in record.config["parts"]]
+    return (render(rows, PER_DEMO_COLUMNS) + "\n\nSpearman of each subset's out-of-fold prediction (8 folds, the "
+            "ridge penalty chosen inside each) with the dense prompt's label-balanced loss with the lean removed, the "
+            f"target of the table above. {records.link(PER_DEMO, depth)}")

@@ -54,4 +54,31 @@ def fair_trial_rankers(raw: dict[str, Any], name: str) -> Record:
     return Record({"process": raw.get("provenance")}, {**cfg, "parts": parts}, metrics, {}, name)
 
 
-FAMILIES = {"fair-trial/rankers-": fair_trial_rankers}
+# the learned rankers of research/per_demo_ranker.py, by short name
+LEARNED = {"per-demonstration encodings": "encodings", "label counts": "label_counts", "both": "both"}
+
+
+def per_demo_ranker(raw: dict[str, Any], name: str) -> Record:
+    """``research/per_demo_ranker.py``'s record (``fair-trial/per-demo-ranker-*``): per task (part ``task``;
+    settings ``record``, ``k``, ``subsets``, ``pool``, ``target_queries``), each learned ranker's out-of-fold
+    Spearman with the same target as :func:`fair_trial_rankers` (``spearman.R``, R a short name of
+    :data:`LEARNED`) and ``encodings_minus_label_counts``, each with its 95% interval over resampled subsets
+    (the out-of-fold predictions held fixed), n the subsets."""
+    cfg = raw.get("config") or {}
+    what = (cfg.get("bootstrap") or {}).get("resampled", "subsets")
+    metrics: dict[str, Metric] = {}
+    parts: dict[str, dict[str, Any]] = {}
+    for r in raw.get("records") or []:
+        task, n = r["task"], r.get("subsets")
+        parts[task] = {key: r.get(key) for key in ("record", "k", "subsets", "pool", "target_queries")}
+        for s in r.get("spearman") or []:
+            metrics[f"{task}.spearman.{LEARNED.get(s['ranker'], s['ranker'])}"] = spearman(
+                s.get("spearman"), s.get("ci95"), n, what)
+        p = r.get("paired") or {}
+        diff = spearman(p.get("difference"), p.get("ci95"), n, what)
+        metrics[f"{task}.encodings_minus_label_counts"] = Metric(diff.value, diff.interval, n, diff.resamples,
+                                                                 "spearman difference")
+    return Record({"process": raw.get("provenance")}, {**cfg, "parts": parts}, metrics, {}, name)
+
+
+FAMILIES = {"fair-trial/rankers-": fair_trial_rankers, "fair-trial/per-demo-ranker-": per_demo_ranker}
