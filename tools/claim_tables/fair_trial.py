@@ -99,5 +99,5 @@ def fair_trial_per_demo(records: Records, depth: int = 2) -> str:
     rows = [replace(record.part(task), config={**record.config["parts"][task], "part": task})
             for task in record.config["parts"]]
     return (render(rows, PER_DEMO_COLUMNS) + "\n\nSpearman of each subset's out-of-fold prediction (8 folds, the "
-            "ridge penalty chosen inside each) with the dense prompt's label-balanced loss with the lean removed, the "
-            f"target of the table above. {records.link(PER_DEMO, depth)}")
+            "ridge penalty chosen inside each) with the dense prompt's label-balanced loss with the lean removed, "
+            f"section 2's target. {records.link(PER_DEMO, depth)}")
