@@ -118,10 +118,11 @@ def out_of_fold(x: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, list[float]]:
     pred, chosen = np.zeros(len(t)), []
     for test in folds(len(t), OUTER, np.random.default_rng(SEED)):
         train = np.setdiff1d(np.arange(len(t)), test)
+        inner_folds = folds(len(train), INNER, np.random.default_rng(SEED + 1))  # the same for every penalty
         errors = []
         for penalty in PENALTIES:
             err = 0.0
-            for inner in folds(len(train), INNER, np.random.default_rng(SEED + 1)):
+            for inner in inner_folds:
                 fit_on = np.setdiff1d(np.arange(len(train)), inner)
                 m = ridge_fit(x[train[fit_on]], t[train[fit_on]], penalty)
                 err += float(((ridge_predict(m, x[train[inner]]) - t[train[inner]]) ** 2).sum())
